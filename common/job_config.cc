@@ -1,0 +1,261 @@
+#include "common/job_config.h"
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <sstream>
+
+namespace ps {
+namespace {
+
+Status BadValue(const std::string& flag, const std::string& value, const std::string& allowed) {
+  return InvalidArgument("--" + flag + "=" + value + " is not allowed: expected " + allowed);
+}
+
+Result<int64_t> ParseInt(const std::string& flag, const std::string& v, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  errno = 0;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || errno != 0 || x < lo || x > hi) {
+    return BadValue(flag, v, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return static_cast<int64_t>(x);
+}
+
+Result<double> ParseDouble(const std::string& flag, const std::string& v, double lo, double hi,
+                           bool lo_open) {
+  char* end = nullptr;
+  errno = 0;
+  double x = std::strtod(v.c_str(), &end);
+  bool in_range = lo_open ? x > lo : x >= lo;
+  if (v.empty() || *end != '\0' || errno != 0 || !std::isfinite(x) || !in_range || x > hi) {
+    std::ostringstream allowed;
+    allowed << "a number in " << (lo_open ? "(" : "[") << lo << ", " << hi << "]";
+    return BadValue(flag, v, allowed.str());
+  }
+  return x;
+}
+
+// The shortest text that reads back as the same double ("0.1", not "0.10000000000000001").
+std::string Str(double x) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), x);
+  return ec == std::errc() ? std::string(buf, end) : std::to_string(x);
+}
+
+// One entry per setting: how to read it from text, how to write it back.
+struct Field {
+  std::string name;
+  std::function<Status(JobConfig&, const std::string&)> parse;
+  std::function<std::string(const JobConfig&)> print;
+};
+
+template <typename T>
+Field IntField(const char* name, T JobConfig::*member, int64_t lo, int64_t hi) {
+  return Field{name,
+               [=](JobConfig& c, const std::string& v) -> Status {
+                 PS_ASSIGN_OR_RETURN(int64_t x, ParseInt(name, v, lo, hi));
+                 c.*member = static_cast<T>(x);
+                 return Status::Ok();
+               },
+               [=](const JobConfig& c) { return std::to_string(c.*member); }};
+}
+
+Field DoubleField(const char* name, double JobConfig::*member, double lo, double hi,
+                  bool lo_open) {
+  return Field{name,
+               [=](JobConfig& c, const std::string& v) -> Status {
+                 PS_ASSIGN_OR_RETURN(double x, ParseDouble(name, v, lo, hi, lo_open));
+                 c.*member = x;
+                 return Status::Ok();
+               },
+               [=](const JobConfig& c) { return Str(c.*member); }};
+}
+
+Field StringField(const char* name, std::string JobConfig::*member,
+                  std::vector<std::string> allowed = {}) {
+  return Field{name,
+               [=](JobConfig& c, const std::string& v) -> Status {
+                 if (!allowed.empty()) {
+                   bool ok = false;
+                   std::string list;
+                   for (const auto& a : allowed) {
+                     ok |= a == v;
+                     list += (list.empty() ? "" : "|") + a;
+                   }
+                   if (!ok) return BadValue(name, v, "one of " + list);
+                 }
+                 c.*member = v;
+                 return Status::Ok();
+               },
+               [=](const JobConfig& c) { return c.*member; }};
+}
+
+const std::vector<Field>& Fields() {
+  static const std::vector<Field> fields = {
+      StringField("model", &JobConfig::model, {"mlp", "none"}),
+      StringField("mlp_layers", &JobConfig::mlp_layers),
+      StringField("tables", &JobConfig::tables),
+      IntField("num_servers", &JobConfig::num_servers, 1, 1024),
+      IntField("num_workers", &JobConfig::num_workers, 1, 100000),
+      IntField("epochs", &JobConfig::epochs, 1, 100000),
+      IntField("batch_size", &JobConfig::batch_size, 1, 1 << 20),
+      DoubleField("base_lr", &JobConfig::base_lr, 0, 1e6, /*lo_open=*/true),
+      StringField("optimizer", &JobConfig::optimizer, {"sgd"}),
+      IntField("seed", &JobConfig::seed, 0, INT64_MAX),
+      StringField("data_dir", &JobConfig::data_dir),
+      DoubleField("report_every_seconds", &JobConfig::report_every_seconds, 0, 3600, true),
+  };
+  return fields;
+}
+
+Result<InitKind> ParseInit(const std::string& s) {
+  if (s == "zeros") return InitKind::kZeros;
+  if (s == "uniform") return InitKind::kUniform;
+  if (s == "normal") return InitKind::kNormal;
+  return InvalidArgument("initializer '" + s + "' is unknown: expected zeros|uniform|normal");
+}
+
+std::vector<std::string> Split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char ch : s) {
+    if (ch == sep) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += ch;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+Result<std::vector<TableSpec>> ParseTables(const std::string& value) {
+  std::vector<TableSpec> out;
+  if (value.empty()) return out;
+  for (const std::string& item : Split(value, ',')) {
+    auto bad = [&](const std::string& why) {
+      return BadValue("tables", value,
+                      "NAME:ROWS:WIDTH[:INIT[:SCALE]] items (ROWS a count or 'sparse'); item '" +
+                          item + "' " + why);
+    };
+    std::vector<std::string> parts = Split(item, ':');
+    if (parts.size() < 3 || parts.size() > 5) return bad("has the wrong number of fields");
+    TableSpec t;
+    t.name = parts[0];
+    if (t.name.empty()) return bad("has an empty name");
+    if (parts[1] == "sparse") {
+      t.rows = 0;
+    } else {
+      Result<int64_t> rows = ParseInt("tables", parts[1], 1, int64_t{1} << 40);
+      if (!rows.ok()) return bad("has a bad row count");
+      t.rows = static_cast<uint64_t>(rows.value());
+    }
+    Result<int64_t> width = ParseInt("tables", parts[2], 1, 1 << 20);
+    if (!width.ok()) return bad("has a bad width");
+    t.width = static_cast<uint32_t>(width.value());
+    if (parts.size() >= 4) {
+      Result<InitKind> init = ParseInit(parts[3]);
+      if (!init.ok()) return bad(init.status().message());
+      t.init = init.value();
+    }
+    if (parts.size() == 5) {
+      Result<double> scale = ParseDouble("tables", parts[4], 0, 1e6, false);
+      if (!scale.ok()) return bad("has a bad scale");
+      t.init_scale = static_cast<float>(scale.value());
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<int>> ParseIntList(const std::string& flag, const std::string& value) {
+  std::vector<int> out;
+  for (const std::string& item : Split(value, ',')) {
+    Result<int64_t> x = ParseInt(flag, item, 1, 1 << 24);
+    if (!x.ok()) return BadValue(flag, value, "a comma-separated list of positive integers");
+    out.push_back(static_cast<int>(x.value()));
+  }
+  return out;
+}
+
+std::vector<TableSpec> MlpTables(const std::vector<int>& layers) {
+  std::vector<TableSpec> out;
+  for (size_t l = 0; l + 1 < layers.size(); ++l) {
+    TableSpec w;
+    w.name = "fc" + std::to_string(l) + ".weight";
+    w.rows = static_cast<uint64_t>(layers[l]);
+    w.width = static_cast<uint32_t>(layers[l + 1]);
+    w.init = InitKind::kNormal;
+    w.init_scale = static_cast<float>(std::sqrt(2.0 / layers[l]));  // He et al. 2015, for ReLU
+    TableSpec b;
+    b.name = "fc" + std::to_string(l) + ".bias";
+    b.rows = 1;
+    b.width = static_cast<uint32_t>(layers[l + 1]);
+    b.init = InitKind::kZeros;
+    out.push_back(w);
+    out.push_back(b);
+  }
+  return out;
+}
+
+const std::vector<std::string>& JobConfig::FlagNames() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const Field& f : Fields()) n.push_back(f.name);
+    return n;
+  }();
+  return names;
+}
+
+Result<JobConfig> JobConfig::FromFlagMap(const std::map<std::string, std::string>& flags) {
+  JobConfig c;
+  for (const auto& [name, value] : flags) {
+    const Field* field = nullptr;
+    for (const Field& f : Fields()) {
+      if (f.name == name) field = &f;
+    }
+    if (field == nullptr) return InvalidArgument("unknown job setting --" + name);
+    PS_RETURN_IF_ERROR(field->parse(c, value));
+  }
+  if (c.model == "mlp") {
+    PS_ASSIGN_OR_RETURN(std::vector<int> layers, ParseIntList("mlp_layers", c.mlp_layers));
+    if (layers.size() < 2) {
+      return BadValue("mlp_layers", c.mlp_layers, "at least two layer widths (input, output)");
+    }
+    c.table_specs = MlpTables(layers);
+  }
+  PS_ASSIGN_OR_RETURN(std::vector<TableSpec> extra, ParseTables(c.tables));
+  for (TableSpec& t : extra) c.table_specs.push_back(std::move(t));
+  for (size_t i = 0; i < c.table_specs.size(); ++i) {
+    c.table_specs[i].id = static_cast<uint32_t>(i);
+    for (size_t j = 0; j < i; ++j) {
+      if (c.table_specs[j].name == c.table_specs[i].name) {
+        return BadValue("tables", c.tables, "unique table names; '" + c.table_specs[i].name +
+                                                "' is declared twice");
+      }
+    }
+  }
+  PS_RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+std::map<std::string, std::string> JobConfig::ToFlagMap() const {
+  std::map<std::string, std::string> m;
+  for (const Field& f : Fields()) m[f.name] = f.print(*this);
+  return m;
+}
+
+Status JobConfig::Validate() const {
+  if (table_specs.empty()) {
+    return InvalidArgument("the job has no tables: set --model=mlp or declare --tables");
+  }
+  return Status::Ok();
+}
+
+}  // namespace ps

@@ -1,0 +1,82 @@
+// The job config: every setting that all processes of a job must agree on. The
+// coordinator reads it from its flags (a gflags flagfile plus overrides), validates it,
+// and sends it to every server and worker at registration as a flag-name -> value map, so
+// that each process parses the very same text with the very same code (FromFlagMap).
+//
+// Adding a setting: add the field with its default and a comment here, add it to the
+// field table in job_config.cc (name, parse, print, check), and define the flag in
+// server/coordinator_main.cc with `JobConfig{}.field` as its default.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ps {
+
+enum class InitKind { kZeros, kUniform, kNormal };
+
+// One named table of fixed-width float rows. A dense table has `rows` > 0 rows indexed
+// 0..rows-1 (a dense tensor is such a table); a sparse table (rows == 0) has rows keyed by
+// any uint64 id, created on first touch with the initializer.
+struct TableSpec {
+  uint32_t id = 0;         // index in JobConfig::tables
+  std::string name;
+  uint64_t rows = 0;       // 0 = sparse
+  uint32_t width = 1;      // floats per row
+  InitKind init = InitKind::kZeros;
+  float init_scale = 0;    // uniform: values in [-scale, scale]; normal: standard deviation
+  bool dense() const { return rows > 0; }
+};
+
+struct JobConfig {
+  // ---- the model and its tables ----
+  // "mlp": a multilayer perceptron whose tables are derived from mlp_layers.
+  // "none": only the tables of `tables` (for custom clients and tests).
+  std::string model = "mlp";
+  // Layer widths of the MLP, input first: ReLU between layers, softmax cross-entropy last.
+  std::string mlp_layers = "784,256,128,10";
+  // Extra tables, comma-separated NAME:ROWS:WIDTH[:INIT[:SCALE]] with ROWS a count or
+  // "sparse" and INIT zeros|uniform|normal, e.g. "emb:sparse:16:normal:0.01".
+  std::string tables;
+
+  // ---- processes ----
+  int num_servers = 2;
+  int num_workers = 2;
+
+  // ---- training ----
+  int epochs = 5;
+  int batch_size = 64;        // examples per worker step
+  double base_lr = 0.1;       // learning rate (Caffe's name)
+  std::string optimizer = "sgd";
+  uint64_t seed = 1;          // initializers and data order
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  // Seconds between a worker's training reports to the coordinator (metrics.jsonl lines).
+  double report_every_seconds = 1.0;
+
+  // Tables, filled by FromFlagMap from `model` and `tables`; ids are their indices.
+  std::vector<TableSpec> table_specs;
+
+  // The names of every setting, in a stable order.
+  static const std::vector<std::string>& FlagNames();
+
+  // Parses and validates a flag map. Missing names keep their defaults; an unknown name or
+  // a bad value is an InvalidArgument naming the flag, the value and what is allowed.
+  static Result<JobConfig> FromFlagMap(const std::map<std::string, std::string>& flags);
+  std::map<std::string, std::string> ToFlagMap() const;
+
+  Status Validate() const;
+};
+
+// Parses a comma-separated list of positive ints ("784,256,10").
+Result<std::vector<int>> ParseIntList(const std::string& flag, const std::string& value);
+
+// The tables of an MLP with these layer widths: for each layer l, "fc{l}.weight" with
+// layers[l] rows of layers[l+1] floats (He-normal initialized) and "fc{l}.bias" with one row
+// (zeros). The order matches MlpParamSizes() in worker/mlp.h.
+std::vector<TableSpec> MlpTables(const std::vector<int>& layers);
+
+}  // namespace ps

@@ -1,0 +1,141 @@
+# The wire schema: every message between coordinator, servers and workers.
+#
+# A message is a ZeroMQ multipart message. Frame 0 is a Cap'n Proto `Header`; bulk data
+# (keys as little-endian uint64, values as float32) travel as their own frames after it, so
+# they are never copied into or out of a Cap'n Proto segment. Each body below says which
+# frames follow it.
+@0xc2d49dee592cdb3b;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("ps::wire");
+
+# Bumped on any incompatible change. Checked at registration and on every request; a peer
+# with another version gets an error of code versionMismatch.
+const protocolVersion :UInt32 = 1;
+
+enum Role {
+  unknown @0;
+  server @1;
+  worker @2;
+}
+
+enum ErrorCode {
+  ok @0;
+  invalidArgument @1;
+  notFound @2;
+  failedPrecondition @3;
+  unavailable @4;
+  deadlineExceeded @5;
+  internal @6;
+  versionMismatch @7;
+  aborted @8;
+}
+
+struct KeyValue {
+  key @0 :Text;
+  value @1 :Text;
+}
+
+struct ServerInfo {
+  id @0 :UInt32;
+  endpoint @1 :Text;   # where the server's ROUTER socket listens
+}
+
+struct ShardMap {
+  version @0 :UInt64;
+  servers @1 :List(ServerInfo);   # ordered by id
+}
+
+# The keys of a request: a contiguous range of rows (dense tables), or an explicit list that
+# travels as the first payload frame (uint64[count]).
+struct Keys {
+  union {
+    range :group {
+      begin @0 :UInt64;
+      end @1 :UInt64;      # exclusive
+    }
+    listCount @2 :UInt64;
+  }
+}
+
+struct Header {
+  protocolVersion @0 :UInt32;
+  requestId @1 :UInt64;      # chosen by the requester, echoed in the reply
+  senderId @2 :Int32;        # the sender's id within its role; -1 before registration
+  body :union {
+    register @3 :Register;
+    registerReply @4 :RegisterReply;
+    push @5 :Push;              # frames: [keys if list] values float[n * width]
+    pushReply @6 :PushReply;
+    pull @7 :Pull;              # frames: [keys if list]
+    pullReply @8 :PullReply;    # frames: values float[n * width]
+    error @9 :Error;
+    report @10 :Report;
+    reportReply @11 :Void;
+    done @12 :Done;
+    doneReply @13 :Void;
+    shutdown @14 :Void;
+    shutdownReply @15 :ServerStats;
+    heartbeat @16 :Void;
+    heartbeatReply @17 :Void;
+  }
+}
+
+struct Register {
+  role @0 :Role;
+  endpoint @1 :Text;     # servers: where they listen
+  device @2 :Text;       # workers: e.g. "cpu: 2 threads"
+  host @3 :Text;
+  pid @4 :UInt32;
+}
+
+struct RegisterReply {
+  id @0 :UInt32;                  # this process's id within its role
+  config @1 :List(KeyValue);      # the job config, flag name -> value
+  shardMap @2 :ShardMap;
+}
+
+struct Push {
+  tableId @0 :UInt32;
+  keys @1 :Keys;
+}
+
+struct PushReply {
+  rowsApplied @0 :UInt64;
+}
+
+struct Pull {
+  tableId @0 :UInt32;
+  keys @1 :Keys;
+}
+
+struct PullReply {
+  rows @0 :UInt64;
+}
+
+struct Error {
+  code @0 :ErrorCode;
+  message @1 :Text;
+}
+
+# A worker's progress, one JSON object (a line of metrics.jsonl).
+struct Report {
+  json @0 :Text;
+}
+
+# A worker finished its epochs. The coordinator answers doneReply once every worker is done
+# (a barrier), so that the final evaluation sees the final model.
+struct Done {
+  json @0 :Text;       # the worker's totals: examples, device, seconds
+  failed @1 :Bool;     # true if the worker stopped on an error
+  message @2 :Text;
+}
+
+struct ServerStats {
+  pushesApplied @0 :UInt64;
+  pushesRejected @1 :UInt64;
+  pullsServed @2 :UInt64;
+  bytesPushed @3 :UInt64;
+  bytesPulled @4 :UInt64;
+  rowsHeld @5 :UInt64;
+}

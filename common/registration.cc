@@ -1,0 +1,60 @@
+#include "common/registration.h"
+
+#include <unistd.h>
+
+#include <map>
+
+#include <kj/exception.h>
+
+#include "common/wire.h"
+
+namespace ps {
+
+Result<Registration> RegisterWithCoordinator(Transport* transport,
+                                             const std::string& coordinator_endpoint,
+                                             const RegisterRequest& request,
+                                             std::chrono::milliseconds timeout) {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> socket,
+                      transport->Connect(coordinator_endpoint));
+  capnp::MallocMessageBuilder b;
+  auto reg = NewHeader(b, 1, -1).getBody().initRegister();
+  reg.setRole(request.is_server ? wire::Role::SERVER : wire::Role::WORKER);
+  reg.setEndpoint(request.endpoint);
+  reg.setDevice(request.device);
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  reg.setHost(host);
+  reg.setPid(static_cast<uint32_t>(getpid()));
+  Frames frames;
+  frames.push_back(EncodeFrame(b));
+  Result<CallReply> reply = Call(*socket, std::move(frames), timeout);
+  if (!reply.ok()) {
+    return reply.status().WithContext("registering with the coordinator at " +
+                                      coordinator_endpoint);
+  }
+  Registration out;
+  try {
+    auto body = reply->header.get().getBody();
+    if (body.which() != wire::Header::Body::REGISTER_REPLY) {
+      return InvalidArgument("the coordinator answered registration with another message type");
+    }
+    auto r = body.getRegisterReply();
+    out.id = static_cast<int>(r.getId());
+    std::map<std::string, std::string> flags;
+    for (auto kv : r.getConfig()) flags[kv.getKey().cStr()] = kv.getValue().cStr();
+    PS_ASSIGN_OR_RETURN(out.config, JobConfig::FromFlagMap(flags));
+    out.shard_map_version = r.getShardMap().getVersion();
+    for (auto s : r.getShardMap().getServers()) out.server_endpoints.push_back(s.getEndpoint().cStr());
+  } catch (const kj::Exception& e) {
+    return InvalidArgument(std::string("malformed registration reply: ") +
+                           e.getDescription().cStr());
+  }
+  if (static_cast<int>(out.server_endpoints.size()) != out.config.num_servers) {
+    return InvalidArgument("the shard map lists " + std::to_string(out.server_endpoints.size()) +
+                           " servers but the job has " + std::to_string(out.config.num_servers));
+  }
+  out.coordinator = std::move(socket);
+  return out;
+}
+
+}  // namespace ps

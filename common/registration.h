@@ -1,0 +1,40 @@
+// Joining a job: a server or worker connects to the coordinator, says who it is, and
+// gets back its id, the job config and the shard map. The coordinator answers once every
+// expected process has registered, so this call also waits for the job to assemble.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/job_config.h"
+#include "common/status.h"
+#include "common/transport.h"
+
+namespace ps {
+
+struct RegisterRequest {
+  bool is_server = false;
+  std::string endpoint;  // servers: where they listen
+  std::string device;    // workers: device description
+};
+
+struct Registration {
+  int id = 0;                                 // within the role
+  JobConfig config;
+  std::vector<std::string> server_endpoints;  // by server id
+  uint64_t shard_map_version = 0;
+  // Still connected to the coordinator, for reports and the end of the job.
+  std::unique_ptr<ClientSocket> coordinator;
+};
+
+// Registers with the coordinator at `coordinator_endpoint`. Fails with DeadlineExceeded
+// when the job has not assembled within `timeout`, or with the coordinator's error
+// (e.g. version mismatch, job full).
+Result<Registration> RegisterWithCoordinator(Transport* transport,
+                                             const std::string& coordinator_endpoint,
+                                             const RegisterRequest& request,
+                                             std::chrono::milliseconds timeout);
+
+}  // namespace ps

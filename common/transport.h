@@ -1,0 +1,96 @@
+// The transport moves multipart ZeroMQ messages; it knows nothing of what they mean (see
+// common/wire.h for that). Endpoints are ZeroMQ addresses:
+//   tcp://HOST:PORT  (PORT "*" binds an ephemeral port; BoundEndpoint() says which)
+//   ipc:///path      (same-host processes)
+//   inproc://name    (threads of one process: the in-process transport for unit tests)
+//
+// Sockets:
+//   ServerSocket: a ZeroMQ ROUTER. Many peers connect to it; each received message carries
+//     the sender's identity so that the reply goes back to it. Servers and the coordinator
+//     each own one.
+//   ClientSocket: a ZeroMQ DEALER connected to one ServerSocket. Many requests may be in
+//     flight; replies come back in the order the server sends them.
+//
+// Thread model: a socket is used by one thread at a time (ZeroMQ sockets are not
+// thread-safe); a Transport (it owns the ZeroMQ context) may be shared by all threads.
+// All waits take a timeout; nothing blocks forever.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/status.h"
+
+namespace ps {
+
+using Frames = std::vector<zmq::message_t>;
+
+// A message received by a ServerSocket: who sent it and its frames.
+struct Incoming {
+  std::string peer;  // opaque ZeroMQ routing identity
+  Frames frames;
+};
+
+struct TransportOptions {
+  // ZeroMQ I/O threads. One moves ~2 GB/s over loopback TCP; more help with many peers
+  // or with CURVE encryption.
+  int io_threads = 1;
+  // Per-socket kernel buffer sizes in bytes (0 keeps the OS default).
+  int socket_buffer_bytes = 4 << 20;
+  // How long Close() waits to flush unsent messages.
+  std::chrono::milliseconds linger{1000};
+};
+
+class ServerSocket {
+ public:
+  virtual ~ServerSocket() = default;
+  // The endpoint actually bound (with the port filled in for "tcp://host:*").
+  virtual std::string BoundEndpoint() const = 0;
+  // Waits up to `timeout` for a message; DeadlineExceeded when none came.
+  virtual Result<Incoming> Recv(std::chrono::milliseconds timeout) = 0;
+  // Sends `frames` to `peer`. Unavailable when the peer is gone.
+  virtual Status Send(const std::string& peer, Frames frames) = 0;
+  // For polling several sockets together (see PollSockets).
+  virtual zmq::socket_ref PollHandle() = 0;
+};
+
+class ClientSocket {
+ public:
+  virtual ~ClientSocket() = default;
+  virtual const std::string& Endpoint() const = 0;
+  virtual Status Send(Frames frames) = 0;
+  virtual Result<Frames> Recv(std::chrono::milliseconds timeout) = 0;
+  // Non-blocking receive: an empty optional when nothing is waiting.
+  virtual Result<std::optional<Frames>> TryRecv() = 0;
+  virtual zmq::socket_ref PollHandle() = 0;
+};
+
+class Transport {
+ public:
+  explicit Transport(TransportOptions options = {});
+  ~Transport();
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  Result<std::unique_ptr<ServerSocket>> Listen(const std::string& endpoint);
+  Result<std::unique_ptr<ClientSocket>> Connect(const std::string& endpoint);
+
+  const TransportOptions& options() const { return options_; }
+
+ private:
+  TransportOptions options_;
+  zmq::context_t context_;
+};
+
+// Checks that `endpoint` is a ZeroMQ address this project uses (tcp://, ipc://, inproc://).
+Status ValidateEndpoint(const std::string& endpoint);
+
+// Copies `bytes` bytes into a new frame.
+zmq::message_t CopyFrame(const void* data, size_t bytes);
+
+}  // namespace ps

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs every Debian package the build, the tests and the default job need.
+# Idempotent: packages already present are skipped by apt; safe to run again.
+# Nothing is downloaded from anywhere but Debian's archive; nothing is vendored.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config git
+  libzmq3-dev cppzmq-dev            # transport (ZeroMQ + its C++ binding)
+  capnproto libcapnp-dev            # wire schema
+  librocksdb-dev                    # spill tier, checkpoints
+  libgflags-dev libgoogle-glog-dev  # flags (binaries only), logging
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libopenblas-dev                   # CPU matrix products
+  nlohmann-json3-dev                # metrics.jsonl / summary.json
+  libxxhash-dev                     # key hashing for the shard map
+  dataset-fashion-mnist             # the default job's data
+  zlib1g-dev                        # gzip-compressed IDX files
+  python3 procps
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install_deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "install_deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${PACKAGES[@]}"

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Starts a whole job on this machine: 1 coordinator, N servers, M workers on 127.0.0.1.
+#
+#   scripts/launch_local.sh [FLAGFILE] [--servers N] [--workers N] [--run_dir DIR]
+#                           [--device DEV] [--no_build] [-- extra job flags]
+#
+# FLAGFILE defaults to configs/fashion_mnist_mlp.flags. Extra job flags after `--` go to
+# the coordinator, which hands them to every process (e.g. -- --epochs=1 --base_lr=0.05).
+# Installs missing packages and builds first unless --no_build. Progress goes to the
+# console; every process's log, metrics.jsonl and summary.json go to the run directory.
+# Returns the job's exit status; stops every process it started when one fails, on
+# Ctrl-C and on exit.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+flagfile="$root/configs/fashion_mnist_mlp.flags"
+servers=2
+workers=2
+run_dir=""
+device="cpu"
+build=1
+extra=()
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --servers) servers="$2"; shift 2 ;;
+    --workers) workers="$2"; shift 2 ;;
+    --run_dir) run_dir="$2"; shift 2 ;;
+    --device) device="$2"; shift 2 ;;
+    --no_build) build=0; shift ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; extra=("$@"); break ;;
+    -*) echo "launch_local.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
+    *) flagfile="$1"; shift ;;
+  esac
+done
+for v in servers workers; do
+  if ! [[ "${!v}" =~ ^[1-9][0-9]*$ ]]; then
+    echo "launch_local.sh: --$v must be a positive integer, got '${!v}'" >&2; exit 2
+  fi
+done
+[ -f "$flagfile" ] || { echo "launch_local.sh: flagfile '$flagfile' not found" >&2; exit 2; }
+flagfile="$(cd "$(dirname "$flagfile")" && pwd)/$(basename "$flagfile")"
+
+if [ "$build" = 1 ]; then
+  bash "$root/scripts/install_deps.sh" || exit 1
+  bash "$root/scripts/build.sh" >"${TMPDIR:-/tmp}/ps_build.log" 2>&1 || {
+    tail -50 "${TMPDIR:-/tmp}/ps_build.log"; echo "launch_local.sh: build failed" >&2; exit 1; }
+fi
+bin="${PS_BIN_DIR:-$root/build/bin}"
+for b in ps_coordinator ps_server ps_worker; do
+  [ -x "$bin/$b" ] || { echo "launch_local.sh: $bin/$b is missing: build first (scripts/build.sh)" >&2; exit 1; }
+done
+
+[ -n "$run_dir" ] || run_dir="$root/runs/$(date +%Y%m%d-%H%M%S)"
+mkdir -p "$run_dir/logs"
+run_dir="$(cd "$run_dir" && pwd)"
+rm -f "$run_dir/coordinator.endpoint"
+
+# Every worker runs one BLAS thread unless told otherwise: several processes each running
+# a multi-threaded BLAS on few cores fight each other.
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
+
+pids=()
+names=()
+stop_all() {
+  local pid
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  local deadline=$((SECONDS + 5))
+  for pid in "${pids[@]}"; do
+    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+  done
+  pids=()
+}
+trap 'echo "launch_local.sh: interrupted, stopping the job" >&2; stop_all; exit 130' INT TERM
+trap 'stop_all' EXIT
+
+echo "run directory: $run_dir"
+"$bin/ps_coordinator" --flagfile="$flagfile" --num_servers="$servers" --num_workers="$workers" \
+  --listen='tcp://127.0.0.1:*' --endpoint_file="$run_dir/coordinator.endpoint" \
+  --run_dir="$run_dir" "${extra[@]}" \
+  > >(tee "$run_dir/logs/coordinator.out") 2>"$run_dir/logs/coordinator.log" &
+coord=$!
+pids+=("$coord"); names+=(coordinator)
+
+deadline=$((SECONDS + 30))
+while [ ! -s "$run_dir/coordinator.endpoint" ]; do
+  if ! kill -0 "$coord" 2>/dev/null; then
+    wait "$coord"; rc=$?
+    echo "launch_local.sh: the coordinator exited ($rc) before listening:" >&2
+    tail -5 "$run_dir/logs/coordinator.log" >&2
+    exit "$rc"
+  fi
+  [ $SECONDS -lt $deadline ] || { echo "launch_local.sh: the coordinator did not start within 30 s" >&2; exit 1; }
+  sleep 0.1
+done
+endpoint="$(cat "$run_dir/coordinator.endpoint")"
+
+for ((i = 0; i < servers; i++)); do
+  "$bin/ps_server" --coordinator="$endpoint" --listen='tcp://127.0.0.1:*' \
+    >"$run_dir/logs/server-$i.log" 2>&1 &
+  pids+=($!); names+=("server-$i")
+done
+for ((i = 0; i < workers; i++)); do
+  "$bin/ps_worker" --coordinator="$endpoint" --device="$device" \
+    >"$run_dir/logs/worker-$i.log" 2>&1 &
+  pids+=($!); names+=("worker-$i")
+done
+
+# Wait for the coordinator to finish; stop early if any other process fails.
+rc=0
+while true; do
+  finished=""
+  wait -n -p finished "${pids[@]}"
+  status=$?
+  if [ -z "$finished" ]; then
+    # Nothing left to wait on (the coordinator was already reaped).
+    break
+  fi
+  for idx in "${!pids[@]}"; do
+    [ "${pids[$idx]}" = "$finished" ] && break
+  done
+  name="${names[$idx]}"
+  unset 'pids[idx]' 'names[idx]'
+  pids=("${pids[@]}"); names=("${names[@]}")
+  if [ "$finished" = "$coord" ]; then
+    rc=$status
+    break
+  fi
+  if [ "$status" -ne 0 ]; then
+    echo "launch_local.sh: $name exited with status $status; stopping the job (log: $run_dir/logs/$name.log)" >&2
+    tail -5 "$run_dir/logs/$name.log" >&2
+    exit "$status"
+  fi
+done
+if [ -f "$run_dir/summary.json" ]; then
+  echo "summary: $run_dir/summary.json"
+fi
+exit "$rc"

@@ -1,0 +1,47 @@
+// The coordinator: rendezvous, the shard map, progress and the end of the job.
+//
+// Life of a job: (1) servers and workers register; once all `num_servers` and
+// `num_workers` have, each gets its id, the job config and the shard map. (2) Workers
+// train and send reports, which go to metrics.jsonl and the console. (3) A worker that
+// finishes sends `done`; the answer waits until every worker is done (a barrier), so that
+// worker 0's final evaluation sees the final model. (4) After the final evaluation the
+// coordinator shuts the servers down, collects their counters and writes summary.json.
+//
+// Thread model: one thread (the caller of Run) owns the socket and all state.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <string>
+
+#include "common/job_config.h"
+#include "common/status.h"
+#include "common/transport.h"
+
+namespace ps {
+
+struct CoordinatorOptions {
+  // Where to listen; "tcp://127.0.0.1:*" picks a free port (see endpoint_file).
+  std::string listen = "tcp://127.0.0.1:7000";
+  // The run directory: metrics.jsonl and summary.json are written here. Required.
+  std::string run_dir;
+  // When set, the bound endpoint is written to this file once listening, so that a
+  // launcher can start the other processes without guessing a free port.
+  std::string endpoint_file;
+  // How long to wait for every process to register.
+  std::chrono::milliseconds register_timeout{120000};
+  // How long each server may take to answer the shutdown request.
+  std::chrono::milliseconds shutdown_timeout{30000};
+  // How long after the last `done` to wait for worker 0's final evaluation.
+  std::chrono::milliseconds final_eval_timeout{600000};
+  // Seconds between progress lines on stdout while training (0: only per epoch).
+  double progress_every_seconds = 5;
+  // How often the loop looks at `stop` while idle.
+  std::chrono::milliseconds poll_interval{200};
+};
+
+// Runs a whole job. Returns OK when every worker finished and summary.json was written.
+Status RunCoordinator(const JobConfig& config, const CoordinatorOptions& options,
+                      Transport* transport, const std::atomic<bool>& stop);
+
+}  // namespace ps

@@ -1,0 +1,88 @@
+// ps_coordinator: reads the job flagfile, assembles the job, reports progress and writes
+// the run summary. Job settings are flags here (use --flagfile=configs/NAME.flags); servers
+// and workers receive them from the coordinator.
+#include <csignal>
+#include <ctime>
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include "common/job_config.h"
+#include "server/coordinator.h"
+
+namespace {
+const ps::JobConfig kDefaults;
+}
+
+// ---- job settings (see common/job_config.h for what each does) ----
+DEFINE_string(model, kDefaults.model, "mlp | none");
+DEFINE_string(mlp_layers, kDefaults.mlp_layers, "MLP layer widths, input first");
+DEFINE_string(tables, kDefaults.tables,
+              "extra tables: NAME:ROWS:WIDTH[:INIT[:SCALE]],... (ROWS a count or 'sparse')");
+DEFINE_int32(num_servers, kDefaults.num_servers, "servers in the job");
+DEFINE_int32(num_workers, kDefaults.num_workers, "workers in the job");
+DEFINE_int32(epochs, kDefaults.epochs, "passes over the training data");
+DEFINE_int32(batch_size, kDefaults.batch_size, "examples per worker step");
+DEFINE_double(base_lr, kDefaults.base_lr, "learning rate");
+DEFINE_string(optimizer, kDefaults.optimizer, "sgd");
+DEFINE_uint64(seed, kDefaults.seed, "seed of initializers and data order");
+DEFINE_string(data_dir, kDefaults.data_dir, "directory of the IDX data files");
+DEFINE_double(report_every_seconds, kDefaults.report_every_seconds,
+              "seconds between a worker's training reports");
+
+// ---- this process ----
+DEFINE_string(listen, "tcp://127.0.0.1:7000", "where to listen; port * picks a free one");
+DEFINE_string(run_dir, "", "run directory (default runs/<time>)");
+DEFINE_string(endpoint_file, "", "write the bound endpoint to this file once listening");
+DEFINE_int32(register_timeout_ms, 120000, "how long to wait for every process to register");
+DEFINE_double(progress_every_seconds, 5, "seconds between progress lines (0: per epoch only)");
+
+namespace {
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop.store(true); }
+
+std::string DefaultRunDir() {
+  char buf[64];
+  std::time_t t = std::time(nullptr);
+  std::strftime(buf, sizeof(buf), "runs/%Y%m%d-%H%M%S", std::localtime(&t));
+  return buf;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("ps_coordinator --flagfile=configs/fashion_mnist_mlp.flags [--run_dir=DIR]");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+
+  std::map<std::string, std::string> flags;
+  for (const std::string& name : ps::JobConfig::FlagNames()) {
+    std::string value;
+    if (!gflags::GetCommandLineOption(name.c_str(), &value)) {
+      LOG(ERROR) << "internal: job setting --" << name << " has no flag";
+      return 2;
+    }
+    flags[name] = value;
+  }
+  ps::Result<ps::JobConfig> config = ps::JobConfig::FromFlagMap(flags);
+  if (!config.ok()) {
+    LOG(ERROR) << "bad job config: " << config.status().message();
+    return 2;
+  }
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+
+  ps::CoordinatorOptions options;
+  options.listen = FLAGS_listen;
+  options.run_dir = FLAGS_run_dir.empty() ? DefaultRunDir() : FLAGS_run_dir;
+  options.endpoint_file = FLAGS_endpoint_file;
+  options.register_timeout = std::chrono::milliseconds(FLAGS_register_timeout_ms);
+  options.progress_every_seconds = FLAGS_progress_every_seconds;
+  ps::Transport transport;
+  ps::Status s = ps::RunCoordinator(config.value(), options, &transport, g_stop);
+  if (!s.ok()) {
+    LOG(ERROR) << "ps_coordinator: " << s.ToString();
+    return 1;
+  }
+  return 0;
+}

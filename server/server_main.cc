@@ -1,0 +1,44 @@
+// ps_server: holds shards of the model's tables and applies pushes through the optimizer.
+#include <csignal>
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include "server/server_node.h"
+
+DEFINE_string(coordinator, "", "the coordinator's endpoint, e.g. tcp://127.0.0.1:7000 (required)");
+DEFINE_string(listen, "tcp://127.0.0.1:*",
+              "where to listen for workers; port * picks a free one");
+DEFINE_int32(register_timeout_ms, 120000, "how long to wait for the job to assemble");
+DEFINE_int32(io_threads, 1, "ZeroMQ I/O threads");
+
+namespace {
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop.store(true); }
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("ps_server --coordinator=tcp://HOST:PORT [--listen=ENDPOINT]");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  if (FLAGS_coordinator.empty()) {
+    LOG(ERROR) << "--coordinator is required (e.g. --coordinator=tcp://127.0.0.1:7000)";
+    return 2;
+  }
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  ps::ServerOptions options;
+  options.coordinator = FLAGS_coordinator;
+  options.listen = FLAGS_listen;
+  options.register_timeout = std::chrono::milliseconds(FLAGS_register_timeout_ms);
+  ps::TransportOptions topt;
+  topt.io_threads = FLAGS_io_threads;
+  ps::Transport transport(topt);
+  ps::Status s = ps::RunServer(options, &transport, g_stop);
+  if (!s.ok()) {
+    LOG(ERROR) << "ps_server: " << s.ToString();
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,52 @@
+#include "server/server_node.h"
+
+#include <glog/logging.h>
+
+#include "common/registration.h"
+
+namespace ps {
+
+Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::atomic<bool>& stop,
+                          std::chrono::milliseconds poll_interval) {
+  while (!stop.load(std::memory_order_relaxed)) {
+    Result<Incoming> in = socket.Recv(poll_interval);
+    if (!in.ok()) {
+      if (in.status().code() == StatusCode::kDeadlineExceeded) continue;
+      return in.status();
+    }
+    ServerCore::After after;
+    Frames reply = core.Handle(in->frames, &after);
+    Status sent = socket.Send(in->peer, std::move(reply));
+    if (!sent.ok()) {
+      // The peer left before its reply; nothing to do for it, keep serving the others.
+      LOG(WARNING) << "server " << core.server_id() << ": " << sent.ToString();
+    }
+    if (after == ServerCore::After::kShutdown) {
+      LOG(INFO) << "server " << core.server_id() << ": shutdown requested";
+      return Status::Ok();
+    }
+  }
+  return Aborted("server stopped by signal");
+}
+
+Status RunServer(const ServerOptions& options, Transport* transport,
+                 const std::atomic<bool>& stop) {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerSocket> socket, transport->Listen(options.listen));
+  LOG(INFO) << "server listening on " << socket->BoundEndpoint();
+  RegisterRequest req;
+  req.is_server = true;
+  req.endpoint = socket->BoundEndpoint();
+  PS_ASSIGN_OR_RETURN(Registration reg,
+                      RegisterWithCoordinator(transport, options.coordinator, req,
+                                              options.register_timeout));
+  LOG(INFO) << "registered as server " << reg.id << " of " << reg.config.num_servers;
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerCore> core, ServerCore::Create(reg.config, reg.id));
+  Status s = ServeUntilShutdown(*socket, *core, stop, options.poll_interval);
+  ServerStats st = core->stats();
+  LOG(INFO) << "server " << reg.id << " done: pushes applied " << st.pushes_applied
+            << ", rejected " << st.pushes_rejected << ", pulls " << st.pulls_served
+            << ", rows held " << st.rows_held;
+  return s;
+}
+
+}  // namespace ps

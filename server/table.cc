@@ -1,0 +1,67 @@
+#include "server/table.h"
+
+#include <algorithm>
+
+namespace ps {
+
+Table::Table(const TableSpec& spec, RowRange held, uint64_t seed, int state_floats_per_value)
+    : spec_(spec),
+      held_(spec.dense() ? held : RowRange{}),
+      seed_(seed),
+      stride_(spec.width * (1 + static_cast<size_t>(state_floats_per_value))) {
+  if (spec_.dense()) {
+    dense_.assign(held_.size() * stride_, 0.0f);
+    for (uint64_t r = held_.begin; r < held_.end; ++r) {
+      float* row = dense_.data() + (r - held_.begin) * stride_;
+      InitializeRow(spec_, seed_, r, std::span<float>(row, spec_.width));
+    }
+  }
+}
+
+uint64_t Table::rows_held() const {
+  return spec_.dense() ? held_.size() : sparse_index_.size();
+}
+
+Status Table::CheckRange(RowRange rows) const {
+  if (!spec_.dense()) {
+    return InvalidArgument("table '" + spec_.name + "' is sparse: address its rows by key list");
+  }
+  if (rows.begin > rows.end || rows.begin < held_.begin || rows.end > held_.end) {
+    return InvalidArgument("rows [" + std::to_string(rows.begin) + ", " +
+                           std::to_string(rows.end) + ") of table '" + spec_.name +
+                           "' are not held here (this server holds [" +
+                           std::to_string(held_.begin) + ", " + std::to_string(held_.end) + "))");
+  }
+  return Status::Ok();
+}
+
+Status Table::CheckKeys(std::span<const uint64_t> keys) const {
+  if (!spec_.dense()) return Status::Ok();
+  for (uint64_t k : keys) {
+    if (k < held_.begin || k >= held_.end) {
+      return InvalidArgument("row " + std::to_string(k) + " of table '" + spec_.name +
+                             "' is not held here (this server holds [" +
+                             std::to_string(held_.begin) + ", " + std::to_string(held_.end) +
+                             "))");
+    }
+  }
+  return Status::Ok();
+}
+
+float* Table::Row(uint64_t key) {
+  if (spec_.dense()) return dense_.data() + (key - held_.begin) * stride_;
+  auto it = sparse_index_.find(key);
+  if (it != sparse_index_.end()) return it->second;
+  if (rows_in_last_block_ == kRowsPerBlock) {
+    blocks_.push_back(std::make_unique<float[]>(kRowsPerBlock * stride_));
+    rows_in_last_block_ = 0;
+  }
+  float* row = blocks_.back().get() + rows_in_last_block_ * stride_;
+  ++rows_in_last_block_;
+  std::fill(row, row + stride_, 0.0f);
+  InitializeRow(spec_, seed_, key, std::span<float>(row, spec_.width));
+  sparse_index_.emplace(key, row);
+  return row;
+}
+
+}  // namespace ps

@@ -1,0 +1,437 @@
+#include "worker/kv_client.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include <glog/logging.h>
+#include <kj/exception.h>
+
+#include "common/wire.h"
+
+namespace ps {
+
+using SteadyClock = std::chrono::steady_clock;
+
+struct KVClient::Request {
+  int remaining = 0;
+  Status status;
+  bool done = false;
+  Callback callback;
+  std::span<float> out;  // pulls only
+};
+
+struct KVClient::Part {
+  Ticket ticket = 0;
+  std::shared_ptr<Request> request;
+  int server = 0;
+  bool push = false;
+  size_t width = 0;
+  size_t rows = 0;
+  // Where this part's rows go in the request's output: a range part starts at row
+  // `out_row`; a key-list part scatters to `positions`.
+  bool is_range = false;
+  size_t out_row = 0;
+  std::vector<uint32_t> positions;
+  SteadyClock::time_point deadline;
+};
+
+Result<std::unique_ptr<KVClient>> KVClient::Create(Transport* transport, const JobConfig& config,
+                                                   const std::vector<std::string>& endpoints,
+                                                   const KVClientOptions& options) {
+  if (static_cast<int>(endpoints.size()) != config.num_servers) {
+    return InvalidArgument("got " + std::to_string(endpoints.size()) +
+                           " server endpoints for a job of " +
+                           std::to_string(config.num_servers) + " servers");
+  }
+  std::unique_ptr<KVClient> c(new KVClient(config, options));
+  PS_RETURN_IF_ERROR(c->Start(transport, endpoints));
+  return c;
+}
+
+KVClient::KVClient(const JobConfig& config, const KVClientOptions& options)
+    : config_(config), options_(options), shard_map_(config.table_specs, config.num_servers) {}
+
+Status KVClient::Start(Transport* transport, const std::vector<std::string>& endpoints) {
+  for (const std::string& e : endpoints) {
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> s, transport->Connect(e));
+    sockets_.push_back(std::move(s));
+  }
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) return Internal(std::string("eventfd: ") + std::strerror(errno));
+  io_thread_ = std::thread([this] { IoLoop(); });
+  return Status::Ok();
+}
+
+KVClient::~KVClient() {
+  stopping_.store(true);
+  if (io_thread_.joinable()) {
+    Wake();
+    io_thread_.join();
+  }
+  std::vector<Ticket> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, part] : parts_) pending.push_back(part->ticket);
+    parts_.clear();
+  }
+  for (Ticket t : pending) Complete(t, Aborted("the client was closed"));
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+Result<uint32_t> KVClient::FindTable(const std::string& name) const {
+  for (const TableSpec& t : config_.table_specs) {
+    if (t.name == name) return t.id;
+  }
+  return NotFound("no table named '" + name + "'");
+}
+
+void KVClient::Wake() {
+  uint64_t one = 1;
+  ssize_t n = write(wake_fd_, &one, sizeof(one));
+  (void)n;  // a full counter still wakes the loop
+}
+
+Ticket KVClient::Fail(const Status& status, Callback done) {
+  std::shared_ptr<Request> r = std::make_shared<Request>();
+  r->remaining = 1;
+  r->callback = std::move(done);
+  Ticket t;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    t = next_ticket_++;
+    requests_[t] = r;
+  }
+  Complete(t, status);
+  return t;
+}
+
+Ticket KVClient::Push(uint32_t table, std::span<const uint64_t> keys, std::span<const float> grads,
+                      Callback done) {
+  return Submit(true, table, keys, nullptr, grads, {}, std::move(done));
+}
+Ticket KVClient::Pull(uint32_t table, std::span<const uint64_t> keys, std::span<float> out,
+                      Callback done) {
+  return Submit(false, table, keys, nullptr, {}, out, std::move(done));
+}
+Ticket KVClient::PushRange(uint32_t table, RowRange rows, std::span<const float> grads,
+                           Callback done) {
+  return Submit(true, table, {}, &rows, grads, {}, std::move(done));
+}
+Ticket KVClient::PullRange(uint32_t table, RowRange rows, std::span<float> out, Callback done) {
+  return Submit(false, table, {}, &rows, {}, out, std::move(done));
+}
+
+Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> keys,
+                        const RowRange* range, std::span<const float> grads, std::span<float> out,
+                        Callback done) {
+  if (table >= config_.table_specs.size()) {
+    return Fail(NotFound("table id " + std::to_string(table) + " is unknown"), std::move(done));
+  }
+  const TableSpec& spec = config_.table_specs[table];
+  const size_t width = spec.width;
+  size_t rows = keys.size();
+  if (range != nullptr) {
+    if (!spec.dense()) {
+      return Fail(InvalidArgument("table '" + spec.name + "' is sparse: pass keys, not a range"),
+                  std::move(done));
+    }
+    if (range->begin > range->end || range->end > spec.rows) {
+      return Fail(InvalidArgument("rows [" + std::to_string(range->begin) + ", " +
+                                  std::to_string(range->end) + ") are outside table '" +
+                                  spec.name + "' of " + std::to_string(spec.rows) + " rows"),
+                  std::move(done));
+    }
+    rows = range->size();
+  } else if (spec.dense()) {
+    for (uint64_t k : keys) {
+      if (k >= spec.rows) {
+        return Fail(InvalidArgument("row " + std::to_string(k) + " is outside table '" +
+                                    spec.name + "' of " + std::to_string(spec.rows) + " rows"),
+                    std::move(done));
+      }
+    }
+  }
+  size_t floats = push ? grads.size() : out.size();
+  if (floats != rows * width) {
+    return Fail(InvalidArgument(std::string(push ? "push" : "pull") + " on table '" + spec.name +
+                                "' got a buffer of " + std::to_string(floats) +
+                                " floats, expected " + std::to_string(rows) + " rows x " +
+                                std::to_string(width)),
+                std::move(done));
+  }
+
+  auto request = std::make_shared<Request>();
+  request->callback = std::move(done);
+  request->out = out;
+  std::vector<std::shared_ptr<Part>> parts;
+  std::vector<uint64_t> request_ids;  // parallel to parts
+  std::vector<Outgoing> outgoing;
+  const auto deadline = SteadyClock::now() + options_.request_timeout;
+  auto header = [&](capnp::MallocMessageBuilder& b, uint64_t rid) {
+    auto body = NewHeader(b, rid, options_.client_id).getBody();
+    if (push) {
+      auto p = body.initPush();
+      p.setTableId(table);
+      return p.getKeys();
+    }
+    auto p = body.initPull();
+    p.setTableId(table);
+    return p.getKeys();
+  };
+  uint64_t payload_bytes = 0;
+  if (range != nullptr) {
+    for (const RangeSlice& slice : shard_map_.SplitRange(table, *range)) {
+      auto part = std::make_shared<Part>();
+      uint64_t rid = next_request_id_.fetch_add(1);
+      capnp::MallocMessageBuilder b;
+      auto k = header(b, rid);
+      k.initRange().setBegin(slice.rows.begin);
+      k.getRange().setEnd(slice.rows.end);
+      Outgoing o{slice.server, {}};
+      o.frames.push_back(EncodeFrame(b));
+      size_t first = slice.rows.begin - range->begin;
+      if (push) {
+        o.frames.push_back(
+            CopyFrame(grads.data() + first * width, slice.rows.size() * width * sizeof(float)));
+        payload_bytes += o.frames.back().size();
+      }
+      part->is_range = true;
+      part->out_row = first;
+      part->rows = slice.rows.size();
+      part->server = slice.server;
+      parts.push_back(part);
+      request_ids.push_back(rid);
+      outgoing.push_back(std::move(o));
+    }
+  } else {
+    for (KeySlice& slice : shard_map_.SplitKeys(table, keys)) {
+      auto part = std::make_shared<Part>();
+      uint64_t rid = next_request_id_.fetch_add(1);
+      capnp::MallocMessageBuilder b;
+      header(b, rid).setListCount(slice.positions.size());
+      Outgoing o{slice.server, {}};
+      o.frames.push_back(EncodeFrame(b));
+      zmq::message_t key_frame(slice.positions.size() * sizeof(uint64_t));
+      uint64_t* kp = static_cast<uint64_t*>(key_frame.data());
+      for (size_t i = 0; i < slice.positions.size(); ++i) kp[i] = keys[slice.positions[i]];
+      o.frames.push_back(std::move(key_frame));
+      if (push) {
+        zmq::message_t values(slice.positions.size() * width * sizeof(float));
+        float* vp = static_cast<float*>(values.data());
+        for (size_t i = 0; i < slice.positions.size(); ++i) {
+          std::memcpy(vp + i * width, grads.data() + slice.positions[i] * width,
+                      width * sizeof(float));
+        }
+        payload_bytes += values.size();
+        o.frames.push_back(std::move(values));
+      }
+      part->rows = slice.positions.size();
+      part->positions = std::move(slice.positions);
+      part->server = slice.server;
+      parts.push_back(part);
+      request_ids.push_back(rid);
+      outgoing.push_back(std::move(o));
+    }
+  }
+
+  Ticket ticket;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ticket = next_ticket_++;
+    request->remaining = static_cast<int>(parts.size());
+    requests_[ticket] = request;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      Part* part = parts[i].get();
+      part->width = width;
+      part->ticket = ticket;
+      part->request = request;
+      part->push = push;
+      part->deadline = deadline;
+      parts_[request_ids[i]] = parts[i];
+    }
+    for (Outgoing& o : outgoing) outbox_.push_back(std::move(o));
+    if (push) {
+      ++stats_.pushes;
+      stats_.bytes_pushed += payload_bytes;
+    } else {
+      ++stats_.pulls;
+    }
+  }
+  if (parts.empty()) {
+    // Nothing to send (zero rows): done at once.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      request->remaining = 1;
+    }
+    Complete(ticket, Status::Ok());
+  } else {
+    Wake();
+  }
+  return ticket;
+}
+
+void KVClient::Complete(Ticket ticket, const Status& status) {
+  Callback callback;
+  Status final_status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = requests_.find(ticket);
+    if (it == requests_.end()) return;
+    Request& r = *it->second;
+    if (!status.ok() && r.status.ok()) r.status = status;
+    if (--r.remaining > 0) return;
+    r.done = true;
+    if (r.callback) {
+      callback = std::move(r.callback);
+      final_status = r.status;
+      requests_.erase(it);
+    }
+  }
+  if (callback) {
+    callback(final_status);
+  } else {
+    cv_.notify_all();
+  }
+}
+
+Status KVClient::Wait(Ticket ticket) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = requests_.find(ticket);
+  if (it == requests_.end()) {
+    return NotFound("ticket " + std::to_string(ticket) + " is unknown or already waited on");
+  }
+  std::shared_ptr<Request> r = it->second;
+  // Parts expire on the I/O thread at request_timeout; this bound is only a backstop.
+  bool done = cv_.wait_for(lock, options_.request_timeout * 2 + std::chrono::seconds(1),
+                           [&] { return r->done; });
+  requests_.erase(ticket);
+  if (!done) return DeadlineExceeded("request " + std::to_string(ticket) + " never completed");
+  return r->status;
+}
+
+KVClientStats KVClient::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void KVClient::OnReply(int server, Frames frames) {
+  if (frames.empty()) return;
+  Result<DecodedHeader> h = DecodedHeader::Decode(frames[0]);
+  if (!h.ok()) {
+    LOG(WARNING) << "dropping an undecodable reply from server " << server << ": "
+                 << h.status().ToString();
+    return;
+  }
+  std::shared_ptr<Part> part;
+  Status status;
+  try {
+    auto header = h->get();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = parts_.find(header.getRequestId());
+      if (it == parts_.end()) return;  // answered after it timed out
+      part = it->second;
+      parts_.erase(it);
+    }
+    status = CheckProtocolVersion(header);
+    auto body = header.getBody();
+    if (!status.ok()) {
+    } else if (body.which() == wire::Header::Body::ERROR) {
+      status = StatusFromError(body.getError());
+    } else if (part->push) {
+      if (body.which() != wire::Header::Body::PUSH_REPLY) {
+        status = Internal("server " + std::to_string(server) + " answered a push with another type");
+      }
+    } else if (body.which() != wire::Header::Body::PULL_REPLY || frames.size() != 2 ||
+               frames[1].size() != part->rows * part->width * sizeof(float)) {
+      status = Internal("server " + std::to_string(server) + " sent a malformed pull reply");
+    } else {
+      // Scatter outside the lock: the caller does not touch `out` until completion.
+      // The frame may sit at any byte offset: copy bytes, never read it as float*.
+      const char* src = static_cast<const char*>(frames[1].data());
+      float* out = part->request->out.data();
+      const size_t w = part->width;
+      const size_t row_bytes = w * sizeof(float);
+      if (part->is_range) {
+        std::memcpy(out + part->out_row * w, src, part->rows * row_bytes);
+      } else {
+        for (size_t i = 0; i < part->positions.size(); ++i) {
+          std::memcpy(out + static_cast<size_t>(part->positions[i]) * w, src + i * row_bytes,
+                      row_bytes);
+        }
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.bytes_pulled += frames[1].size();
+    }
+  } catch (const kj::Exception& e) {
+    status = Internal(std::string("malformed reply: ") + e.getDescription().cStr());
+  }
+  if (part) Complete(part->ticket, status.WithContext("server " + std::to_string(server)));
+}
+
+void KVClient::IoLoop() {
+  std::vector<zmq::pollitem_t> items;
+  for (auto& s : sockets_) items.push_back({s->PollHandle().handle(), 0, ZMQ_POLLIN, 0});
+  items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
+  const size_t wake_index = items.size() - 1;
+  // Expiry is checked at this period: requests time out within request_timeout + this.
+  const auto expiry_period = std::chrono::milliseconds(100);
+  auto next_expiry_check = SteadyClock::now() + expiry_period;
+  while (true) {
+    try {
+      zmq::poll(items.data(), items.size(), expiry_period);
+    } catch (const zmq::error_t& e) {
+      if (e.num() == ETERM) break;
+      LOG(ERROR) << "client poll: " << e.what();
+      break;
+    }
+    if (items[wake_index].revents & ZMQ_POLLIN) {
+      uint64_t n;
+      ssize_t r = read(wake_fd_, &n, sizeof(n));
+      (void)r;
+    }
+    if (stopping_.load()) break;
+    std::vector<Outgoing> outbox;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      outbox.swap(outbox_);
+    }
+    for (Outgoing& o : outbox) {
+      Status s = sockets_[static_cast<size_t>(o.server)]->Send(std::move(o.frames));
+      if (!s.ok()) LOG(WARNING) << "send to server " << o.server << ": " << s.ToString();
+      // A failed send leaves the part to time out.
+    }
+    for (size_t i = 0; i < sockets_.size(); ++i) {
+      if (!(items[i].revents & ZMQ_POLLIN)) continue;
+      while (true) {
+        Result<std::optional<Frames>> f = sockets_[i]->TryRecv();
+        if (!f.ok() || !f->has_value()) break;
+        OnReply(static_cast<int>(i), std::move(**f));
+      }
+    }
+    auto now = SteadyClock::now();
+    if (now >= next_expiry_check) {
+      next_expiry_check = now + expiry_period;
+      std::vector<std::pair<Ticket, int>> expired;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto it = parts_.begin(); it != parts_.end();) {
+          if (it->second->deadline <= now) {
+            expired.emplace_back(it->second->ticket, it->second->server);
+            it = parts_.erase(it);
+          } else {
+            ++it;
+          }
+        }
+      }
+      for (auto [t, server] : expired) {
+        Complete(t, DeadlineExceeded("server " + std::to_string(server) + " did not answer within " +
+                                     std::to_string(options_.request_timeout.count()) + " ms"));
+      }
+    }
+  }
+}
+
+}  // namespace ps

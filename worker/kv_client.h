@@ -1,0 +1,128 @@
+// The client side of the parameter server: push gradients to and pull rows from the
+// servers holding a table, by key list or (for dense tables) by row range. Requests are
+// split per server by the shard map and the replies merged, as ps-lite's KVWorker does.
+//
+// Every call returns at once with a Ticket; Wait(ticket) blocks until every server part
+// has been answered (or the request timeout passed) and returns the outcome. A callback,
+// when given, runs on the client's I/O thread once the request completes; such a ticket
+// is forgotten after its callback runs (Wait on it is then NotFound).
+//
+// Buffers: a Push copies its gradients before returning, so the caller may reuse them at
+// once. A Pull writes into `out` from the I/O thread: `out` must stay valid and untouched
+// until the request completes.
+//
+// Ordering: requests to one server are sent and answered in call order, so a pull issued
+// after a push to the same rows sees that push.
+//
+// Thread model: all public methods are thread-safe. One internal I/O thread owns the
+// sockets (one DEALER per server); callers hand it requests through a queue and an
+// eventfd wakeup.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/job_config.h"
+#include "common/shard_map.h"
+#include "common/status.h"
+#include "common/transport.h"
+
+namespace ps {
+
+using Ticket = uint64_t;
+using Callback = std::function<void(const Status&)>;
+
+struct KVClientOptions {
+  // The sender id put in every request (the worker's id).
+  int32_t client_id = 0;
+  // A request not answered within this time completes with DeadlineExceeded.
+  std::chrono::milliseconds request_timeout{60000};
+};
+
+struct KVClientStats {
+  uint64_t pushes = 0;       // Push calls
+  uint64_t pulls = 0;        // Pull calls
+  uint64_t bytes_pushed = 0; // gradient payload bytes sent
+  uint64_t bytes_pulled = 0; // value payload bytes received
+};
+
+class KVClient {
+ public:
+  // Connects to every server (endpoints indexed by server id).
+  static Result<std::unique_ptr<KVClient>> Create(Transport* transport, const JobConfig& config,
+                                                  const std::vector<std::string>& server_endpoints,
+                                                  const KVClientOptions& options);
+  ~KVClient();  // completes every pending request with Aborted, then stops the I/O thread
+  KVClient(const KVClient&) = delete;
+  KVClient& operator=(const KVClient&) = delete;
+
+  // The id of the table named `name`, or NotFound.
+  Result<uint32_t> FindTable(const std::string& name) const;
+  const TableSpec& table(uint32_t id) const { return config_.table_specs.at(id); }
+
+  // grads holds keys.size() * width floats, row by row.
+  Ticket Push(uint32_t table, std::span<const uint64_t> keys, std::span<const float> grads,
+              Callback done = nullptr);
+  // out receives keys.size() * width floats, row by row.
+  Ticket Pull(uint32_t table, std::span<const uint64_t> keys, std::span<float> out,
+              Callback done = nullptr);
+  // Dense tables: rows [rows.begin, rows.end).
+  Ticket PushRange(uint32_t table, RowRange rows, std::span<const float> grads,
+                   Callback done = nullptr);
+  Ticket PullRange(uint32_t table, RowRange rows, std::span<float> out, Callback done = nullptr);
+
+  // Blocks until the request completes; returns its outcome and forgets the ticket.
+  Status Wait(Ticket ticket);
+
+  KVClientStats stats() const;
+
+ private:
+  struct Part;      // one server's share of a request
+  struct Request;   // one ticket
+  struct Outgoing {
+    int server;
+    Frames frames;
+  };
+
+  KVClient(const JobConfig& config, const KVClientOptions& options);
+  Status Start(Transport* transport, const std::vector<std::string>& endpoints);
+  Ticket Submit(bool push, uint32_t table, std::span<const uint64_t> keys, const RowRange* range,
+                std::span<const float> grads, std::span<float> out, Callback done);
+  Ticket Fail(const Status& status, Callback done);
+  // Records one part's outcome; the last part completes the ticket. REQUIRES: mu_ not held.
+  void Complete(Ticket ticket, const Status& status);
+  void IoLoop();
+  void OnReply(int server, Frames frames);
+  void Wake();
+
+  const JobConfig config_;
+  const KVClientOptions options_;
+  const ShardMap shard_map_;
+
+  std::vector<std::unique_ptr<ClientSocket>> sockets_;  // owned by the I/O thread after Start
+  int wake_fd_ = -1;
+  std::thread io_thread_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> next_request_id_{1};
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  Ticket next_ticket_ = 1;                                     // guarded by mu_
+  std::vector<Outgoing> outbox_;                               // guarded by mu_
+  std::unordered_map<Ticket, std::shared_ptr<Request>> requests_;  // guarded by mu_
+  std::unordered_map<uint64_t, std::shared_ptr<Part>> parts_;  // request id -> part; mu_
+  KVClientStats stats_;                                        // guarded by mu_
+};
+
+}  // namespace ps

@@ -1,0 +1,44 @@
+// ps_worker: trains the job's model on its share of the data, on a CPU or a GPU.
+#include <csignal>
+
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include "kernels/kernels.h"
+#include "worker/trainer.h"
+
+DEFINE_string(coordinator, "", "the coordinator's endpoint, e.g. tcp://127.0.0.1:7000 (required)");
+DEFINE_string(device, "cpu", "cpu | cuda | cuda:N");
+DEFINE_int32(register_timeout_ms, 120000, "how long to wait for the job to assemble");
+DEFINE_int32(request_timeout_ms, 60000, "how long a push or pull may take");
+
+namespace {
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop.store(true); }
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("ps_worker --coordinator=tcp://HOST:PORT [--device=cpu|cuda|cuda:N]");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  if (FLAGS_coordinator.empty()) {
+    LOG(ERROR) << "--coordinator is required (e.g. --coordinator=tcp://127.0.0.1:7000)";
+    return 2;
+  }
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  ps::EnableFlushToZero();
+  ps::WorkerOptions options;
+  options.coordinator = FLAGS_coordinator;
+  options.device = FLAGS_device;
+  options.register_timeout = std::chrono::milliseconds(FLAGS_register_timeout_ms);
+  options.request_timeout = std::chrono::milliseconds(FLAGS_request_timeout_ms);
+  ps::Transport transport;
+  ps::Status s = ps::RunWorker(options, &transport, g_stop);
+  if (!s.ok()) {
+    LOG(ERROR) << "ps_worker: " << s.ToString();
+    return 1;
+  }
+  return 0;
+}
