@@ -1,0 +1,77 @@
+#include "common/job_config.h"
+
+#include <gtest/gtest.h>
+
+namespace ps {
+namespace {
+
+TEST(JobConfigTest, DefaultsMakeTheMlpTables) {
+  Result<JobConfig> c = JobConfig::FromFlagMap({});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->table_specs.size(), 6u);
+  EXPECT_EQ(c->table_specs[0].name, "fc0.weight");
+  EXPECT_EQ(c->table_specs[0].rows, 784u);
+  EXPECT_EQ(c->table_specs[0].width, 256u);
+  EXPECT_EQ(c->table_specs[1].name, "fc0.bias");
+  EXPECT_EQ(c->table_specs[1].rows, 1u);
+  EXPECT_EQ(c->table_specs[5].width, 10u);
+  for (size_t i = 0; i < c->table_specs.size(); ++i) EXPECT_EQ(c->table_specs[i].id, i);
+}
+
+TEST(JobConfigTest, RoundTripsThroughTheFlagMap) {
+  Result<JobConfig> a = JobConfig::FromFlagMap(
+      {{"base_lr", "0.05"}, {"epochs", "3"}, {"tables", "emb:sparse:8:normal:0.01"}});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  std::map<std::string, std::string> m = a->ToFlagMap();
+  EXPECT_EQ(m["base_lr"], "0.05");
+  Result<JobConfig> b = JobConfig::FromFlagMap(m);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->base_lr, 0.05);
+  EXPECT_EQ(b->epochs, 3);
+  ASSERT_EQ(b->table_specs.size(), 7u);
+  EXPECT_EQ(b->table_specs[6].name, "emb");
+  EXPECT_FALSE(b->table_specs[6].dense());
+  EXPECT_EQ(b->table_specs[6].init, InitKind::kNormal);
+  EXPECT_FLOAT_EQ(b->table_specs[6].init_scale, 0.01f);
+}
+
+// Each bad value is rejected with a message naming the flag, the value and what is allowed.
+TEST(JobConfigTest, BadValuesNameTheFlagTheValueAndTheRange) {
+  struct Case {
+    std::string flag, value, expect;
+  };
+  std::vector<Case> cases = {
+      {"base_lr", "-0.1", "--base_lr=-0.1"},  {"base_lr", "abc", "a number in"},
+      {"epochs", "0", "[1, 100000]"},          {"num_servers", "-2", "--num_servers=-2"},
+      {"batch_size", "1.5", "an integer"},      {"optimizer", "rmsprop", "one of sgd"},
+      {"model", "resnet", "one of mlp|none"},   {"mlp_layers", "784,x,10", "positive integers"},
+      {"mlp_layers", "784", "at least two"},    {"tables", "a:b", "NAME:ROWS:WIDTH"},
+      {"tables", "a:10:0", "bad width"},         {"tables", "a:10:4:gauss", "zeros|uniform|normal"},
+      {"tables", "t:2:2,t:3:3", "declared twice"},
+  };
+  for (const Case& c : cases) {
+    Result<JobConfig> r = JobConfig::FromFlagMap({{c.flag, c.value}});
+    ASSERT_FALSE(r.ok()) << c.flag << "=" << c.value;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(c.expect), std::string::npos)
+        << c.flag << "=" << c.value << ": " << r.status().message();
+    EXPECT_NE(r.status().message().find(c.flag), std::string::npos) << r.status().message();
+  }
+}
+
+TEST(JobConfigTest, UnknownSettingIsRejected) {
+  Result<JobConfig> r = JobConfig::FromFlagMap({{"learning_rate", "0.1"}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("--learning_rate"), std::string::npos);
+}
+
+TEST(JobConfigTest, ModelNoneNeedsTables) {
+  EXPECT_FALSE(JobConfig::FromFlagMap({{"model", "none"}}).ok());
+  Result<JobConfig> r = JobConfig::FromFlagMap({{"model", "none"}, {"tables", "d:4:2"}});
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->table_specs.size(), 1u);
+  EXPECT_EQ(r->table_specs[0].id, 0u);
+}
+
+}  // namespace
+}  // namespace ps

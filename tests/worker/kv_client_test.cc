@@ -1,0 +1,230 @@
+// KVClient against real servers on real sockets (ZeroMQ's in-process transport): request
+// split and merge, many requests in flight, callbacks, errors, timeouts, and a server
+// that keeps serving good clients while a bad peer sends it garbage.
+#include "worker/kv_client.h"
+
+#include <atomic>
+#include <cmath>
+#include <future>
+#include <limits>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "server/server_node.h"
+#include "tests/server/test_messages.h"
+
+namespace ps {
+namespace {
+
+// N servers serving on inproc endpoints from their own threads.
+class InProcessCluster {
+ public:
+  InProcessCluster(Transport* t, const JobConfig& config) : config_(config) {
+    static std::atomic<int> next{0};
+    int base = next.fetch_add(config.num_servers);
+    for (int s = 0; s < config.num_servers; ++s) {
+      cores_.push_back(ServerCore::Create(config, s).value());
+      sockets_.push_back(t->Listen("inproc://kv_client_test_" + std::to_string(base + s)).value());
+      endpoints_.push_back(sockets_.back()->BoundEndpoint());
+    }
+    for (int s = 0; s < config.num_servers; ++s) {
+      threads_.emplace_back([this, s] {
+        (void)ServeUntilShutdown(*sockets_[s], *cores_[s], stop_, std::chrono::milliseconds(20));
+      });
+    }
+  }
+  ~InProcessCluster() {
+    stop_ = true;
+    for (auto& t : threads_) t.join();
+  }
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
+  ServerCore& core(int s) { return *cores_[s]; }
+
+ private:
+  JobConfig config_;
+  std::vector<std::unique_ptr<ServerCore>> cores_;
+  std::vector<std::unique_ptr<ServerSocket>> sockets_;
+  std::vector<std::string> endpoints_;
+  std::vector<std::thread> threads_;
+  std::atomic<bool> stop_{false};
+};
+
+class KVClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    config_ = JobConfig::FromFlagMap({{"model", "none"},
+                                      {"tables", "d:1001:5:zeros,s:sparse:3:zeros"},
+                                      {"num_servers", "3"},
+                                      {"base_lr", "1"}})
+                  .value();
+    cluster_ = std::make_unique<InProcessCluster>(&transport_, config_);
+    client_ = NewClient();
+  }
+  std::unique_ptr<KVClient> NewClient(std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+    KVClientOptions o;
+    o.request_timeout = timeout;
+    return KVClient::Create(&transport_, config_, cluster_->endpoints(), o).value();
+  }
+
+  Transport transport_;
+  JobConfig config_;
+  std::unique_ptr<InProcessCluster> cluster_;
+  std::unique_ptr<KVClient> client_;
+};
+
+TEST_F(KVClientTest, DenseRangeSplitsAcrossServersAndMerges) {
+  const size_t rows = 1001, w = 5;
+  std::vector<float> grad(rows * w);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i % 97) - 48.0f;
+  ASSERT_TRUE(client_->Wait(client_->PushRange(0, RowRange{0, rows}, grad)).ok());
+  std::vector<float> out(rows * w, 123.0f);
+  ASSERT_TRUE(client_->Wait(client_->PullRange(0, RowRange{0, rows}, out)).ok());
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], -grad[i]) << i;
+  // Every server got a share.
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(cluster_->core(s).stats().pushes_applied, 1u);
+  // A sub-range pull lands at the right offsets.
+  std::vector<float> part(10 * w);
+  ASSERT_TRUE(client_->Wait(client_->PullRange(0, RowRange{330, 340}, part)).ok());
+  for (size_t i = 0; i < part.size(); ++i) EXPECT_EQ(part[i], -grad[330 * w + i]);
+}
+
+TEST_F(KVClientTest, KeyListsScatterBackInRequestOrder) {
+  std::vector<uint64_t> keys = {5, 1ull << 63, 17, 5, 999999999999ull, 2, 40};
+  std::vector<float> grad(keys.size() * 3);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i + 1);
+  ASSERT_TRUE(client_->Wait(client_->Push(1, keys, grad)).ok());
+  std::vector<uint64_t> reversed(keys.rbegin(), keys.rend());
+  std::vector<float> out(reversed.size() * 3);
+  ASSERT_TRUE(client_->Wait(client_->Pull(1, reversed, out)).ok());
+  for (size_t i = 0; i < reversed.size(); ++i) {
+    for (size_t j = 0; j < 3; ++j) {
+      float expect = 0;
+      for (size_t k = 0; k < keys.size(); ++k) {
+        if (keys[k] == reversed[i]) expect -= grad[k * 3 + j];
+      }
+      EXPECT_EQ(out[i * 3 + j], expect) << "key " << reversed[i];
+    }
+  }
+  // Dense tables accept key lists too.
+  std::vector<float> g(2 * 5, 1.0f);
+  ASSERT_TRUE(client_->Wait(client_->Push(0, std::vector<uint64_t>{0, 1000}, g)).ok());
+  std::vector<float> o(2 * 5);
+  ASSERT_TRUE(client_->Wait(client_->Pull(0, std::vector<uint64_t>{1000, 0}, o)).ok());
+  for (float x : o) EXPECT_EQ(x, -1.0f);
+}
+
+TEST_F(KVClientTest, ManyRequestsInFlightFromSeveralThreads) {
+  constexpr int kThreads = 4, kPushes = 50;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      std::vector<Ticket> tickets;
+      std::vector<float> grad(1001 * 5, 0.25f);
+      for (int i = 0; i < kPushes; ++i) {
+        tickets.push_back(client_->PushRange(0, RowRange{0, 1001}, grad));
+      }
+      for (Ticket tk : tickets) EXPECT_TRUE(client_->Wait(tk).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<float> out(1001 * 5);
+  ASSERT_TRUE(client_->Wait(client_->PullRange(0, RowRange{0, 1001}, out)).ok());
+  for (float x : out) ASSERT_EQ(x, -0.25f * kThreads * kPushes);
+  EXPECT_EQ(client_->stats().pushes, static_cast<uint64_t>(kThreads * kPushes));
+}
+
+TEST_F(KVClientTest, CallbackRunsOnceAndTheTicketIsForgotten) {
+  std::promise<Status> done;
+  std::vector<float> grad(5, 1.0f);
+  Ticket t = client_->PushRange(0, RowRange{7, 8}, grad, [&](const Status& s) { done.set_value(s); });
+  auto f = done.get_future();
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  EXPECT_TRUE(f.get().ok());
+  EXPECT_EQ(client_->Wait(t).code(), StatusCode::kNotFound);
+}
+
+TEST_F(KVClientTest, BadArgumentsFailAtOnceWithoutSending) {
+  std::vector<float> small(3);
+  Status s = client_->Wait(client_->PushRange(0, RowRange{0, 2}, small));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("expected 2 rows x 5"), std::string::npos) << s.message();
+  EXPECT_EQ(client_->Wait(client_->PullRange(0, RowRange{1000, 1002}, small)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->Wait(client_->PullRange(1, RowRange{0, 1}, small)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->Wait(client_->Pull(7, std::vector<uint64_t>{1}, small)).code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(client_->FindTable("s").value(), 1u);
+  EXPECT_FALSE(client_->FindTable("nope").ok());
+  // An empty request completes at once.
+  EXPECT_TRUE(client_->Wait(client_->Pull(1, std::vector<uint64_t>{}, {})).ok());
+  EXPECT_EQ(client_->stats().bytes_pushed, 0u);
+}
+
+TEST_F(KVClientTest, ServerErrorsReachTheCallerAndChangeNothing) {
+  std::vector<float> grad(1001 * 5, 1.0f);
+  grad[2500] = std::numeric_limits<float>::quiet_NaN();
+  Status s = client_->Wait(client_->PushRange(0, RowRange{0, 1001}, grad));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("non-finite"), std::string::npos) << s.message();
+  std::vector<float> out(1001 * 5);
+  ASSERT_TRUE(client_->Wait(client_->PullRange(0, RowRange{0, 1001}, out)).ok());
+  // The server holding row 500 refused its whole part; the others applied theirs, since
+  // parts are independent requests. Row 500's server applied nothing.
+  int holder = ShardMap(config_.table_specs, 3).ServerOf(0, 500);
+  RowRange held = ShardMap(config_.table_specs, 3).DenseRangeOf(0, holder);
+  for (uint64_t r = held.begin; r < held.end; ++r) EXPECT_EQ(out[r * 5], 0.0f);
+  EXPECT_EQ(cluster_->core(holder).stats().pushes_rejected, 1u);
+}
+
+TEST_F(KVClientTest, ServerKeepsServingWhileABadPeerSendsGarbage) {
+  auto bad = transport_.Connect(cluster_->endpoints()[0]).value();
+  std::atomic<bool> stop{false};
+  std::atomic<int> errors{0};
+  std::thread attacker([&] {
+    int i = 0;
+    while (!stop.load()) {
+      Frames f;
+      switch (i++ % 4) {
+        case 0: f.push_back(zmq::message_t(std::string(33, '\x01'))); break;
+        case 1: f = testing::RangePush(1, 0, 0, 1, {1, 1}); break;               // wrong length
+        case 2: f = testing::RangePush(1, 42, 0, 1, {1, 1, 1, 1, 1}); break;     // unknown table
+        case 3: f = testing::RangePush(1, 0, 0, 1, {1, 1, 1, 1, 1}, 99); break;  // version
+      }
+      if (!bad->Send(std::move(f)).ok()) break;
+      Result<Frames> r = bad->Recv(std::chrono::seconds(10));
+      if (r.ok() && !testing::ReplyStatus(*r).ok()) ++errors;
+    }
+  });
+  std::vector<float> grad(1001 * 5, 1.0f);
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(client_->Wait(client_->PushRange(0, RowRange{0, 1001}, grad)).ok());
+  }
+  stop = true;
+  attacker.join();
+  EXPECT_GT(errors.load(), 0);
+  std::vector<float> out(1001 * 5);
+  ASSERT_TRUE(client_->Wait(client_->PullRange(0, RowRange{0, 1001}, out)).ok());
+  for (float x : out) ASSERT_EQ(x, -20.0f);
+}
+
+TEST(KVClientTimeoutTest, UnansweredRequestsTimeOut) {
+  Transport t;
+  JobConfig config =
+      JobConfig::FromFlagMap({{"model", "none"}, {"tables", "d:4:1"}, {"num_servers", "1"}}).value();
+  // Nobody listens here: the request waits in ZeroMQ's queue until it times out.
+  KVClientOptions o;
+  o.request_timeout = std::chrono::milliseconds(300);
+  auto client = KVClient::Create(&t, config, {"inproc://nobody_listens"}, o).value();
+  std::vector<float> out(4);
+  auto start = std::chrono::steady_clock::now();
+  Status s = client->Wait(client->PullRange(0, RowRange{0, 4}, out));
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_GE(secs, 0.25);
+  EXPECT_LT(secs, 10.0);
+}
+
+}  // namespace
+}  // namespace ps
