@@ -100,10 +100,30 @@ const std::vector<Field>& Fields() {
       StringField("tables", &JobConfig::tables),
       IntField("num_servers", &JobConfig::num_servers, 1, 1024),
       IntField("num_workers", &JobConfig::num_workers, 1, 100000),
+      IntField("staleness", &JobConfig::staleness, -1, 1000000),
+      StringField("table_staleness", &JobConfig::table_staleness),
+      IntField("max_grad_staleness", &JobConfig::max_grad_staleness, -1, 1000000000),
+      DoubleField("staleness_wait_seconds", &JobConfig::staleness_wait_seconds, 0, 1e7, true),
       IntField("epochs", &JobConfig::epochs, 1, 100000),
       IntField("batch_size", &JobConfig::batch_size, 1, 1 << 20),
+      StringField("optimizer", &JobConfig::optimizer,
+                  {"sgd", "momentum", "nesterov", "adagrad", "adam", "adamw"}),
+      DoubleField("momentum", &JobConfig::momentum, 0, 1, false),
+      DoubleField("beta1", &JobConfig::beta1, 0, 1, false),
+      DoubleField("beta2", &JobConfig::beta2, 0, 1, false),
+      DoubleField("epsilon", &JobConfig::epsilon, 0, 1, true),
+      DoubleField("weight_decay", &JobConfig::weight_decay, 0, 1e3, false),
+      DoubleField("clip_grad_norm", &JobConfig::clip_grad_norm, 0, 1e12, false),
       DoubleField("base_lr", &JobConfig::base_lr, 0, 1e6, /*lo_open=*/true),
-      StringField("optimizer", &JobConfig::optimizer, {"sgd"}),
+      StringField("lr_policy", &JobConfig::lr_policy,
+                  {"fixed", "step", "multistep", "exp", "inv", "poly", "cosine"}),
+      DoubleField("gamma", &JobConfig::gamma, 0, 1e6, true),
+      IntField("stepsize", &JobConfig::stepsize, 1, INT64_MAX),
+      StringField("stepvalue", &JobConfig::stepvalue),
+      DoubleField("power", &JobConfig::power, 0, 1e3, false),
+      IntField("max_iter", &JobConfig::max_iter, 1, INT64_MAX),
+      IntField("warmup_iters", &JobConfig::warmup_iters, 0, INT64_MAX),
+      StringField("staleness_lr", &JobConfig::staleness_lr, {"none", "inverse", "sqrt"}),
       IntField("seed", &JobConfig::seed, 0, INT64_MAX),
       StringField("data_dir", &JobConfig::data_dir),
       DoubleField("report_every_seconds", &JobConfig::report_every_seconds, 0, 3600, true),
@@ -255,7 +275,64 @@ Status JobConfig::Validate() const {
   if (table_specs.empty()) {
     return InvalidArgument("the job has no tables: set --model=mlp or declare --tables");
   }
+  // [0, 1) bounds, which the field table's closed ranges cannot say.
+  for (auto [name, value] : {std::pair<const char*, double>{"momentum", momentum},
+                             {"beta1", beta1},
+                             {"beta2", beta2}}) {
+    if (value >= 1) return BadValue(name, Str(value), "a number in [0, 1)");
+  }
+  if (!stepvalue.empty()) {
+    PS_ASSIGN_OR_RETURN(std::vector<int64_t> steps, ParseStepValues(stepvalue));
+    (void)steps;
+  } else if (lr_policy == "multistep") {
+    return BadValue("stepvalue", "", "a comma-separated list of increasing iterations, needed by "
+                                     "--lr_policy=multistep");
+  }
+  PS_RETURN_IF_ERROR(TableStalenessMap().status());
+  if (max_grad_staleness >= 0 && staleness != -1) {
+    return BadValue("max_grad_staleness", std::to_string(max_grad_staleness),
+                    "-1 unless --staleness=-1 (the drop rule is for asynchronous training)");
+  }
   return Status::Ok();
+}
+
+Result<std::vector<int64_t>> ParseStepValues(const std::string& value) {
+  std::vector<int64_t> out;
+  for (const std::string& item : Split(value, ',')) {
+    Result<int64_t> x = ParseInt("stepvalue", item, 1, INT64_MAX);
+    if (!x.ok() || (!out.empty() && x.value() <= out.back())) {
+      return BadValue("stepvalue", value, "a comma-separated list of increasing positive iterations");
+    }
+    out.push_back(x.value());
+  }
+  return out;
+}
+
+Result<std::map<std::string, int>> JobConfig::TableStalenessMap() const {
+  std::map<std::string, int> out;
+  if (table_staleness.empty()) return out;
+  for (const std::string& item : Split(table_staleness, ',')) {
+    std::vector<std::string> parts = Split(item, ':');
+    bool known = false;
+    for (const TableSpec& t : table_specs) known |= parts.size() == 2 && t.name == parts[0];
+    Result<int64_t> s = parts.size() == 2 ? ParseInt("table_staleness", parts[1], -1, 1000000)
+                                          : Result<int64_t>(InvalidArgument("bad"));
+    if (!known || !s.ok()) {
+      return BadValue("table_staleness", table_staleness,
+                      "NAME:S items naming tables of the job, S >= -1; item '" + item + "' is not");
+    }
+    out[parts[0]] = static_cast<int>(s.value());
+  }
+  return out;
+}
+
+int JobConfig::StalenessOf(const TableSpec& table) const {
+  Result<std::map<std::string, int>> m = TableStalenessMap();
+  if (m.ok()) {
+    auto it = m->find(table.name);
+    if (it != m->end()) return it->second;
+  }
+  return staleness;
 }
 
 }  // namespace ps

@@ -47,11 +47,51 @@ struct JobConfig {
   int num_servers = 2;
   int num_workers = 2;
 
+  // ---- consistency ----
+  // How stale a worker's view may be, in clocks (Ho et al. 2013): a worker at clock c sees
+  // every update from clocks <= c - staleness - 1 of every live worker. 0 is bulk-synchronous
+  // (BSP), s > 0 stale-synchronous (SSP), -1 fully asynchronous (ASP).
+  int staleness = -1;
+  // Per-table bounds overriding `staleness`: "NAME:S,NAME:S".
+  std::string table_staleness;
+  // ASP only: a gradient more than this many versions stale is rejected (counted, not
+  // applied). -1 applies every gradient.
+  int max_grad_staleness = -1;
+  // How long a server holds a pull that the staleness bound blocks before answering with
+  // an error naming the worker it waited on.
+  double staleness_wait_seconds = 300;
+
   // ---- training ----
   int epochs = 5;
   int batch_size = 64;        // examples per worker step
-  double base_lr = 0.1;       // learning rate (Caffe's name)
+
+  // ---- optimizer (applied on the servers) ----
+  // sgd | momentum | nesterov | adagrad | adam | adamw
   std::string optimizer = "sgd";
+  double momentum = 0.9;      // momentum, nesterov
+  double beta1 = 0.9;         // adam, adamw
+  double beta2 = 0.999;       // adam, adamw
+  double epsilon = 1e-8;      // adagrad, adam, adamw
+  // L2 penalty added to the gradient (sgd, momentum, nesterov, adagrad, adam); decoupled
+  // decay of the weights (adamw, Loshchilov & Hutter 2019).
+  double weight_decay = 0;
+  // When > 0, each row's gradient is scaled down to at most this L2 norm before the update.
+  double clip_grad_norm = 0;
+
+  // ---- learning rate (Caffe's names) ----
+  double base_lr = 0.1;
+  // fixed | step | multistep | exp | inv | poly | cosine. The iteration is the pushing
+  // worker's clock (its completed steps).
+  std::string lr_policy = "fixed";
+  double gamma = 0.1;          // step, multistep, exp, inv
+  int64_t stepsize = 1000;     // step: lr = base_lr * gamma ^ floor(iter / stepsize)
+  std::string stepvalue;       // multistep: comma-separated iterations, increasing
+  double power = 1.0;          // inv, poly
+  int64_t max_iter = 10000;    // poly, cosine: the iteration where the schedule ends
+  int64_t warmup_iters = 0;    // linear warmup from 0 to the schedule's value
+  // Staleness-aware learning rate (Zhang et al. 2016): none | inverse | sqrt divides the
+  // step's learning rate by the gradient's staleness (or its square root; 0 counts as 1).
+  std::string staleness_lr = "none";
   uint64_t seed = 1;          // initializers and data order
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   // Seconds between a worker's training reports to the coordinator (metrics.jsonl lines).
@@ -69,7 +109,15 @@ struct JobConfig {
   std::map<std::string, std::string> ToFlagMap() const;
 
   Status Validate() const;
+
+  // --table_staleness parsed: table name -> bound. Validated by FromFlagMap.
+  Result<std::map<std::string, int>> TableStalenessMap() const;
+  // The staleness bound of one table: its --table_staleness entry, else --staleness.
+  int StalenessOf(const TableSpec& table) const;
 };
+
+// Parses --stepvalue ("1000,2000,5000": increasing positive iterations).
+Result<std::vector<int64_t>> ParseStepValues(const std::string& value);
 
 // Parses a comma-separated list of positive ints ("784,256,10").
 Result<std::vector<int>> ParseIntList(const std::string& flag, const std::string& value);

@@ -21,10 +21,35 @@ DEFINE_string(tables, kDefaults.tables,
               "extra tables: NAME:ROWS:WIDTH[:INIT[:SCALE]],... (ROWS a count or 'sparse')");
 DEFINE_int32(num_servers, kDefaults.num_servers, "servers in the job");
 DEFINE_int32(num_workers, kDefaults.num_workers, "workers in the job");
+DEFINE_int32(staleness, kDefaults.staleness,
+             "clocks a worker may run ahead of the slowest: 0 BSP, s>0 SSP, -1 ASP");
+DEFINE_string(table_staleness, kDefaults.table_staleness, "per-table bounds: NAME:S,...");
+DEFINE_int32(max_grad_staleness, kDefaults.max_grad_staleness,
+             "ASP: reject gradients staler than this many versions (-1: apply all)");
+DEFINE_double(staleness_wait_seconds, kDefaults.staleness_wait_seconds,
+              "how long a server holds a blocked pull before failing it");
 DEFINE_int32(epochs, kDefaults.epochs, "passes over the training data");
 DEFINE_int32(batch_size, kDefaults.batch_size, "examples per worker step");
+DEFINE_string(optimizer, kDefaults.optimizer, "sgd | momentum | nesterov | adagrad | adam | adamw");
+DEFINE_double(momentum, kDefaults.momentum, "momentum, nesterov: in [0, 1)");
+DEFINE_double(beta1, kDefaults.beta1, "adam, adamw: first-moment decay in [0, 1)");
+DEFINE_double(beta2, kDefaults.beta2, "adam, adamw: second-moment decay in [0, 1)");
+DEFINE_double(epsilon, kDefaults.epsilon, "adagrad, adam, adamw: denominator guard");
+DEFINE_double(weight_decay, kDefaults.weight_decay,
+              "L2 penalty (adamw: decoupled weight decay)");
+DEFINE_double(clip_grad_norm, kDefaults.clip_grad_norm,
+              "clip each row's gradient to this L2 norm (0: off)");
 DEFINE_double(base_lr, kDefaults.base_lr, "learning rate");
-DEFINE_string(optimizer, kDefaults.optimizer, "sgd");
+DEFINE_string(lr_policy, kDefaults.lr_policy,
+              "fixed | step | multistep | exp | inv | poly | cosine (Caffe's policies + cosine)");
+DEFINE_double(gamma, kDefaults.gamma, "step, multistep, exp, inv");
+DEFINE_int64(stepsize, kDefaults.stepsize, "step: iterations between decays");
+DEFINE_string(stepvalue, kDefaults.stepvalue, "multistep: increasing iterations, comma-separated");
+DEFINE_double(power, kDefaults.power, "inv, poly");
+DEFINE_int64(max_iter, kDefaults.max_iter, "poly, cosine: where the schedule ends");
+DEFINE_int64(warmup_iters, kDefaults.warmup_iters, "linear warmup iterations (0: none)");
+DEFINE_string(staleness_lr, kDefaults.staleness_lr,
+              "none | inverse | sqrt: divide the lr by the gradient's staleness");
 DEFINE_uint64(seed, kDefaults.seed, "seed of initializers and data order");
 DEFINE_string(data_dir, kDefaults.data_dir, "directory of the IDX data files");
 DEFINE_double(report_every_seconds, kDefaults.report_every_seconds,

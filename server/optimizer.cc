@@ -6,7 +6,7 @@ namespace {
 // Plain SGD: w -= lr * g. Stateless.
 class Sgd final : public Optimizer {
  public:
-  int StateFloatsPerValue() const override { return 0; }
+  size_t StateFloats(size_t) const override { return 0; }
   void Apply(std::span<float> values, std::span<float>, std::span<const float> grad,
              float lr) const override {
     const size_t n = values.size();

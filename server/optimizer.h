@@ -1,7 +1,7 @@
 // Update rules. An optimizer is a pure function of (row values, row state, gradient, lr):
 // the table store decides where a row lives, the optimizer only how it changes. Its state
-// (momentum, second moments) lives in the row beside the values, StateFloatsPerValue()
-// floats for each value.
+// (momentum, second moments, a step count) lives in the row beside the values:
+// StateFloats(width) floats, zero for a new row.
 //
 // Thread safety: Apply is const and may run on several threads for different rows.
 #pragma once
@@ -17,8 +17,11 @@ namespace ps {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  virtual int StateFloatsPerValue() const = 0;
-  // values -= update(grad); state.size() == values.size() * StateFloatsPerValue().
+  // Floats of state a row of `width` values carries.
+  virtual size_t StateFloats(size_t width) const = 0;
+  // Applies one gradient to one row: values.size() == grad.size() == width,
+  // state.size() == StateFloats(width). `lr` is the step's learning rate, schedule and
+  // staleness scaling already applied.
   virtual void Apply(std::span<float> values, std::span<float> state, std::span<const float> grad,
                      float lr) const = 0;
 };

@@ -24,7 +24,7 @@ ServerCore::ServerCore(const JobConfig& config, int server_id,
       optimizer_(std::move(optimizer)) {
   for (const TableSpec& t : config_.table_specs) {
     RowRange held = t.dense() ? shard_map_.DenseRangeOf(t.id, server_id_) : RowRange{};
-    tables_.emplace_back(t, held, config_.seed, optimizer_->StateFloatsPerValue());
+    tables_.emplace_back(t, held, config_.seed, optimizer_->StateFloats(t.width));
   }
 }
 

@@ -4,11 +4,11 @@
 
 namespace ps {
 
-Table::Table(const TableSpec& spec, RowRange held, uint64_t seed, int state_floats_per_value)
+Table::Table(const TableSpec& spec, RowRange held, uint64_t seed, size_t state_floats)
     : spec_(spec),
       held_(spec.dense() ? held : RowRange{}),
       seed_(seed),
-      stride_(spec.width * (1 + static_cast<size_t>(state_floats_per_value))) {
+      stride_(spec.width + state_floats) {
   if (spec_.dense()) {
     dense_.assign(held_.size() * stride_, 0.0f);
     for (uint64_t r = held_.begin; r < held_.end; ++r) {

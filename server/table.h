@@ -1,5 +1,5 @@
 // The rows one server holds of one table. A row is `width` values followed by the
-// optimizer's state for them (width * state_floats_per_value floats). Dense tables hold a
+// optimizer's state for them (`state_floats` floats: see Optimizer::StateFloats). Dense tables hold a
 // contiguous block of their server's row range; sparse tables create a row on first touch
 // with the table's initializer.
 //
@@ -21,7 +21,7 @@ namespace ps {
 class Table {
  public:
   // `held` is the server's row range for a dense table (ignored for sparse ones).
-  Table(const TableSpec& spec, RowRange held, uint64_t seed, int state_floats_per_value);
+  Table(const TableSpec& spec, RowRange held, uint64_t seed, size_t state_floats);
 
   const TableSpec& spec() const { return spec_; }
   size_t width() const { return spec_.width; }

@@ -203,15 +203,5 @@ TEST(ServerCoreCreateTest, RejectsAServerIdOutsideTheJob) {
   EXPECT_FALSE(ServerCore::Create(c, -1).ok());
 }
 
-TEST(OptimizerTest, SgdStepsByLearningRateTimesGradient) {
-  JobConfig c = JobConfig::FromFlagMap({}).value();
-  auto opt = MakeOptimizer(c).value();
-  EXPECT_EQ(opt->StateFloatsPerValue(), 0);
-  std::vector<float> w = {1.0f, -2.0f, 0.5f};
-  std::vector<float> g = {0.5f, 0.25f, -1.0f};
-  opt->Apply(w, {}, g, 0.5f);
-  EXPECT_EQ(w, (std::vector<float>{0.75f, -2.125f, 1.0f}));
-}
-
 }  // namespace
 }  // namespace ps
