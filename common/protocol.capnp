@@ -78,7 +78,17 @@ struct Header {
     shutdownReply @15 :ServerStats;
     heartbeat @16 :Void;
     heartbeatReply @17 :Void;
+    clock @18 :ClockTick;       # worker -> every server, after the clock's pushes
+    clockReply @19 :Void;
   }
+}
+
+# A worker finished clock `clock` (it has completed that many steps), or leaves the clock
+# table for good (it finished its epochs). Sent on the same connection as its pushes, after
+# them, so a server that sees the tick has applied every push of the clocks before it.
+struct ClockTick {
+  clock @0 :Int64;
+  leave @1 :Bool;
 }
 
 struct Register {
@@ -98,19 +108,28 @@ struct RegisterReply {
 struct Push {
   tableId @0 :UInt32;
   keys @1 :Keys;
+  clock @2 :Int64;            # the pushing worker's clock: the learning-rate schedule's iteration
+  pulledVersion @3 :UInt64;   # the shard version the gradient was computed from
 }
 
 struct PushReply {
   rowsApplied @0 :UInt64;
+  staleness @1 :UInt64;       # shard versions applied since pulledVersion
+  learningRate @2 :Float64;   # the rate this push was applied with
+  dropped @3 :Bool;           # rejected as too stale (--max_grad_staleness); nothing applied
 }
 
 struct Pull {
   tableId @0 :UInt32;
   keys @1 :Keys;
+  clock @2 :Int64;            # the pulling worker's clock, for the staleness bound
 }
 
 struct PullReply {
   rows @0 :UInt64;
+  version @1 :UInt64;         # the shard's version: pushes applied to this table here
+  clockLag @2 :Int64;         # the puller's clock minus the slowest live worker's
+  heldMicros @3 :UInt64;      # how long the staleness bound held the pull
 }
 
 struct Error {
@@ -138,4 +157,10 @@ struct ServerStats {
   bytesPushed @3 :UInt64;
   bytesPulled @4 :UInt64;
   rowsHeld @5 :UInt64;
+  pushesDropped @6 :UInt64;        # too stale (--max_grad_staleness)
+  pullsHeld @7 :UInt64;            # pulls the staleness bound made wait
+  maxClockLag @8 :Int64;
+  stalenessHistogram @9 :List(UInt64);  # count of applied pushes by staleness; last = overflow
+  stalenessSum @10 :UInt64;
+  stalenessMax @11 :UInt64;
 }

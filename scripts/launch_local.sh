@@ -2,10 +2,12 @@
 # Starts a whole job on this machine: 1 coordinator, N servers, M workers on 127.0.0.1.
 #
 #   scripts/launch_local.sh [FLAGFILE] [--servers N] [--workers N] [--run_dir DIR]
-#                           [--device DEV] [--no_build] [-- extra job flags]
+#                           [--device DEV] [--slow_worker I:F] [--no_build]
+#                           [-- extra job flags]
 #
 # FLAGFILE defaults to configs/fashion_mnist_mlp.flags. Extra job flags after `--` go to
 # the coordinator, which hands them to every process (e.g. -- --epochs=1 --base_lr=0.05).
+# --slow_worker I:F makes worker I (0-based) F times slower, to watch a straggler.
 # Installs missing packages and builds first unless --no_build. Progress goes to the
 # console; every process's log, metrics.jsonl and summary.json go to the run directory.
 # Returns the job's exit status; stops every process it started when one fails, on
@@ -18,15 +20,17 @@ servers=2
 workers=2
 run_dir=""
 device="cpu"
+slow_worker=""
 build=1
 extra=()
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --servers) servers="$2"; shift 2 ;;
     --workers) workers="$2"; shift 2 ;;
     --run_dir) run_dir="$2"; shift 2 ;;
     --device) device="$2"; shift 2 ;;
+    --slow_worker) slow_worker="$2"; shift 2 ;;
     --no_build) build=0; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
@@ -39,6 +43,18 @@ for v in servers workers; do
     echo "launch_local.sh: --$v must be a positive integer, got '${!v}'" >&2; exit 2
   fi
 done
+slow_index=-1
+slow_factor=1
+if [ -n "$slow_worker" ]; then
+  if ! [[ "$slow_worker" =~ ^([0-9]+):([0-9]+(\.[0-9]+)?)$ ]]; then
+    echo "launch_local.sh: --slow_worker must be I:F (worker index, slowdown factor), got '$slow_worker'" >&2; exit 2
+  fi
+  slow_index="${BASH_REMATCH[1]}"
+  slow_factor="${BASH_REMATCH[2]}"
+  if [ "$slow_index" -ge "$workers" ]; then
+    echo "launch_local.sh: --slow_worker $slow_worker names worker $slow_index, but there are $workers (0-based)" >&2; exit 2
+  fi
+fi
 [ -f "$flagfile" ] || { echo "launch_local.sh: flagfile '$flagfile' not found" >&2; exit 2; }
 flagfile="$(cd "$(dirname "$flagfile")" && pwd)/$(basename "$flagfile")"
 
@@ -77,6 +93,8 @@ stop_all() {
 trap 'echo "launch_local.sh: interrupted, stopping the job" >&2; stop_all; exit 130' INT TERM
 trap 'stop_all' EXIT
 
+# Flagfiles may name other flagfiles relative to the repository root (configs/...).
+cd "$root"
 echo "run directory: $run_dir"
 "$bin/ps_coordinator" --flagfile="$flagfile" --num_servers="$servers" --num_workers="$workers" \
   --listen='tcp://127.0.0.1:*' --endpoint_file="$run_dir/coordinator.endpoint" \
@@ -104,7 +122,9 @@ for ((i = 0; i < servers; i++)); do
   pids+=($!); names+=("server-$i")
 done
 for ((i = 0; i < workers; i++)); do
-  "$bin/ps_worker" --coordinator="$endpoint" --device="$device" \
+  slowdown=1
+  [ "$i" = "$slow_index" ] && slowdown="$slow_factor"
+  "$bin/ps_worker" --coordinator="$endpoint" --device="$device" --slowdown="$slowdown" \
     >"$run_dir/logs/worker-$i.log" 2>&1 &
   pids+=($!); names+=("worker-$i")
 done

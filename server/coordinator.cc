@@ -384,6 +384,14 @@ class CoordinatorJob {
         entry["bytes_pushed"] = st.getBytesPushed();
         entry["bytes_pulled"] = st.getBytesPulled();
         entry["rows_held"] = st.getRowsHeld();
+        entry["pushes_dropped"] = st.getPushesDropped();
+        entry["pulls_held"] = st.getPullsHeld();
+        entry["max_clock_lag"] = st.getMaxClockLag();
+        entry["staleness_sum"] = st.getStalenessSum();
+        entry["staleness_max"] = st.getStalenessMax();
+        json hist = json::array();
+        for (uint64_t c : st.getStalenessHistogram()) hist.push_back(c);
+        entry["staleness_histogram"] = hist;
       } else {
         Status e = reply.ok() ? Internal("unexpected reply to shutdown") : reply.status();
         LOG(ERROR) << "server " << s << " did not shut down cleanly: " << e.ToString();
@@ -418,21 +426,59 @@ class CoordinatorJob {
                          {"device", workers_[i].device},
                          {"host", workers_[i].host},
                          {"examples", n},
+                         {"steps", t.value("steps", int64_t{0})},
                          {"seconds", secs},
+                         {"wait_seconds", t.value("wait_seconds", 0.0)},
                          {"examples_per_sec", secs > 0 ? n / secs : 0.0},
                          {"failed", i < results_.size() && results_[i].failed}});
     }
     summary["examples"] = examples;
     summary["examples_per_sec"] = train_seconds > 0 ? examples / train_seconds : 0.0;
-    uint64_t applied = 0, rejected = 0, pushed = 0, pulled = 0;
+    uint64_t applied = 0, rejected = 0, dropped = 0, pushed = 0, pulled = 0, held = 0;
+    uint64_t staleness_sum = 0, staleness_max = 0;
+    int64_t max_lag = 0;
+    std::vector<uint64_t> histogram;
     for (const json& s : servers) {
       applied += s.value("pushes_applied", uint64_t{0});
       rejected += s.value("pushes_rejected", uint64_t{0});
+      dropped += s.value("pushes_dropped", uint64_t{0});
       pushed += s.value("bytes_pushed", uint64_t{0});
       pulled += s.value("bytes_pulled", uint64_t{0});
+      held += s.value("pulls_held", uint64_t{0});
+      staleness_sum += s.value("staleness_sum", uint64_t{0});
+      staleness_max = std::max(staleness_max, s.value("staleness_max", uint64_t{0}));
+      max_lag = std::max(max_lag, s.value("max_clock_lag", int64_t{0}));
+      if (s.contains("staleness_histogram")) {
+        const json& h = s["staleness_histogram"];
+        if (histogram.size() < h.size()) histogram.resize(h.size(), 0);
+        for (size_t i = 0; i < h.size(); ++i) histogram[i] += h[i].get<uint64_t>();
+      }
     }
     summary["pushes_applied"] = applied;
     summary["pushes_rejected"] = rejected;
+    summary["pushes_dropped"] = dropped;
+    summary["pulls_held"] = held;
+    summary["staleness"] = config_.staleness;
+    summary["max_clock_lag_seen"] = max_lag;
+    summary["max_staleness_seen"] = staleness_max;
+    summary["mean_staleness"] = applied > 0 ? static_cast<double>(staleness_sum) / applied : 0.0;
+    {
+      // p99 of the gradients' staleness, from the servers' merged histograms.
+      uint64_t total = 0, seen = 0;
+      for (uint64_t c : histogram) total += c;
+      size_t p99 = 0;
+      for (size_t i = 0; i < histogram.size(); ++i) {
+        seen += histogram[i];
+        if (seen * 100 >= total * 99) {
+          p99 = i;
+          break;
+        }
+      }
+      summary["p99_staleness"] = p99;
+    }
+    double wait_total = 0;
+    for (const json& w : workers) wait_total += w.value("wait_seconds", 0.0);
+    summary["wait_seconds"] = wait_total;
     summary["bytes_pushed"] = pushed;
     summary["bytes_pulled"] = pulled;
     summary["workers"] = workers;

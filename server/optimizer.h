@@ -26,7 +26,13 @@ class Optimizer {
                      float lr) const = 0;
 };
 
-// The optimizer the job config names (--optimizer).
+// The optimizer the job config names (--optimizer), each following PyTorch's rule of that
+// name (formulas in optimizer.cc), with --clip_grad_norm applied to each row's gradient
+// first and --weight_decay as an L2 term in the gradient (adamw: decoupled decay).
+// State per row of width n:
+//   sgd: none;  momentum, nesterov: velocity [n];  adagrad: sum of squares [n];
+//   adam, adamw: [m: n][v: n][the row's step count t: 1 float, exact to 2^24].
+// An unknown name is an InvalidArgument.
 Result<std::unique_ptr<Optimizer>> MakeOptimizer(const JobConfig& config);
 
 }  // namespace ps

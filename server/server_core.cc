@@ -1,5 +1,7 @@
 #include "server/server_core.h"
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 
@@ -13,19 +15,26 @@ Result<std::unique_ptr<ServerCore>> ServerCore::Create(const JobConfig& config, 
                            std::to_string(config.num_servers) + ")");
   }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt, MakeOptimizer(config));
-  return std::unique_ptr<ServerCore>(new ServerCore(config, server_id, std::move(opt)));
+  PS_ASSIGN_OR_RETURN(LrPolicy lr, LrPolicy::Create(config));
+  return std::unique_ptr<ServerCore>(new ServerCore(config, server_id, std::move(opt), lr));
 }
 
 ServerCore::ServerCore(const JobConfig& config, int server_id,
-                       std::unique_ptr<Optimizer> optimizer)
+                       std::unique_ptr<Optimizer> optimizer, LrPolicy lr_policy)
     : config_(config),
       server_id_(server_id),
       shard_map_(config.table_specs, config.num_servers),
-      optimizer_(std::move(optimizer)) {
+      optimizer_(std::move(optimizer)),
+      lr_policy_(lr_policy),
+      shard_version_(config.table_specs.size(), 0),
+      clocks_(static_cast<size_t>(config.num_workers), 0),
+      left_(static_cast<size_t>(config.num_workers), false) {
   for (const TableSpec& t : config_.table_specs) {
     RowRange held = t.dense() ? shard_map_.DenseRangeOf(t.id, server_id_) : RowRange{};
     tables_.emplace_back(t, held, config_.seed, optimizer_->StateFloats(t.width));
+    table_staleness_.push_back(config_.StalenessOf(t));
   }
+  stats_.staleness_histogram.assign(kStalenessBuckets, 0);
 }
 
 ServerStats ServerCore::stats() const {
@@ -42,6 +51,22 @@ Result<std::vector<float>> ServerCore::ReadRow(uint32_t table, uint64_t key) {
   PS_RETURN_IF_ERROR(t.CheckKeys(k));
   const float* row = t.Row(key);
   return std::vector<float>(row, row + t.width());
+}
+
+int64_t ServerCore::MinLiveClock(int* slowest) const {
+  int64_t min = INT64_MAX;
+  for (size_t w = 0; w < clocks_.size(); ++w) {
+    if (left_[w] || clocks_[w] >= min) continue;
+    min = clocks_[w];
+    if (slowest != nullptr) *slowest = static_cast<int>(w);
+  }
+  return min;
+}
+
+void ServerCore::RecordStaleness(uint64_t staleness) {
+  ++stats_.staleness_histogram[std::min<uint64_t>(staleness, kStalenessBuckets - 1)];
+  stats_.staleness_sum += staleness;
+  stats_.staleness_max = std::max(stats_.staleness_max, staleness);
 }
 
 Result<ServerCore::Addressed> ServerCore::Address(uint32_t table_id, wire::Keys::Reader keys,
@@ -101,27 +126,51 @@ Result<Frames> ServerCore::HandlePush(wire::Header::Reader h, const Frames& requ
                              ") at float " + std::to_string(i) + "; nothing was applied");
     }
   }
+  const uint32_t table_id = push.getTableId();
+  const uint64_t version = shard_version_[table_id];
+  const uint64_t pulled = push.getPulledVersion();
+  if (pulled > version) {
+    return InvalidArgument("push claims shard version " + std::to_string(pulled) +
+                           " of table '" + a.table->spec().name + "', but it is only at " +
+                           std::to_string(version));
+  }
+  const int64_t clock = push.getClock();
+  if (clock < 0) return InvalidArgument("push has a negative clock " + std::to_string(clock));
+  const uint64_t staleness = version - pulled;
+
+  capnp::MallocMessageBuilder b;
+  auto reply = NewHeader(b, h.getRequestId(), server_id_).getBody().initPushReply();
+  reply.setStaleness(staleness);
+  Frames out;
+  if (config_.max_grad_staleness >= 0 &&
+      staleness > static_cast<uint64_t>(config_.max_grad_staleness)) {
+    // Counted, answered, not applied: the worker did nothing wrong.
+    ++stats_.pushes_dropped;
+    reply.setDropped(true);
+    out.push_back(EncodeFrame(b));
+    return out;
+  }
   // Checked in full; now apply.
+  const float lr = static_cast<float>(lr_policy_.Rate(clock, static_cast<int64_t>(staleness)));
   const size_t state_floats = a.table->stride() - width;
-  const float lr = static_cast<float>(config_.base_lr);
   for (size_t i = 0; i < a.rows; ++i) {
     uint64_t key = a.is_range ? a.range.begin + i : a.keys[i];
     float* row = a.table->Row(key);
     optimizer_->Apply(std::span<float>(row, width), std::span<float>(row + width, state_floats),
                       grads.subspan(i * width, width), lr);
   }
+  ++shard_version_[table_id];
   ++stats_.pushes_applied;
   stats_.bytes_pushed += grads.size_bytes();
-
-  capnp::MallocMessageBuilder b;
-  auto reply = NewHeader(b, h.getRequestId(), server_id_);
-  reply.getBody().initPushReply().setRowsApplied(a.rows);
-  Frames out;
+  RecordStaleness(staleness);
+  reply.setRowsApplied(a.rows);
+  reply.setLearningRate(lr);
   out.push_back(EncodeFrame(b));
   return out;
 }
 
-Result<Frames> ServerCore::HandlePull(wire::Header::Reader h, const Frames& request) {
+Result<Frames> ServerCore::ServePull(wire::Header::Reader h, const Frames& request,
+                                     std::chrono::microseconds held) {
   auto pull = h.getBody().getPull();
   PS_ASSIGN_OR_RETURN(Addressed a, Address(pull.getTableId(), pull.getKeys(), request));
   if (request.size() != a.next_frame) {
@@ -135,86 +184,219 @@ Result<Frames> ServerCore::HandlePull(wire::Header::Reader h, const Frames& requ
     uint64_t key = a.is_range ? a.range.begin + i : a.keys[i];
     std::memcpy(dst + i * width, a.table->Row(key), width * sizeof(float));
   }
+  const int64_t min_clock = MinLiveClock();
+  const int64_t lag = min_clock == INT64_MAX ? 0 : pull.getClock() - min_clock;
+  stats_.max_clock_lag = std::max(stats_.max_clock_lag, lag);
   ++stats_.pulls_served;
   stats_.bytes_pulled += values.size();
 
   capnp::MallocMessageBuilder b;
-  auto reply = NewHeader(b, h.getRequestId(), server_id_);
-  reply.getBody().initPullReply().setRows(a.rows);
+  auto reply = NewHeader(b, h.getRequestId(), server_id_).getBody().initPullReply();
+  reply.setRows(a.rows);
+  reply.setVersion(shard_version_[pull.getTableId()]);
+  reply.setClockLag(lag);
+  reply.setHeldMicros(static_cast<uint64_t>(held.count()));
   Frames out;
   out.push_back(EncodeFrame(b));
   out.push_back(std::move(values));
   return out;
 }
 
-Frames ServerCore::Handle(Frames& request, After* after) {
-  *after = After::kContinue;
-  if (request.empty()) {
-    ++stats_.bad_requests;
-    return ErrorReply(0, server_id_, InvalidArgument("empty message"));
+Result<Frames> ServerCore::HandlePull(const std::string& peer, DecodedHeader& decoded,
+                                      Frames& request) {
+  wire::Header::Reader h = decoded.get();
+  auto pull = h.getBody().getPull();
+  const uint32_t table_id = pull.getTableId();
+  const int worker = h.getSenderId();
+  const int64_t clock = pull.getClock();
+  if (table_id < tables_.size() && table_staleness_[table_id] >= 0) {
+    if (worker < 0 || worker >= config_.num_workers) {
+      return InvalidArgument("pull from sender " + std::to_string(worker) +
+                             ", which is not a worker of this job (ids 0.." +
+                             std::to_string(config_.num_workers - 1) + ")");
+    }
+    if (clock < 0) return InvalidArgument("pull has a negative clock " + std::to_string(clock));
+    const int64_t needed = clock - table_staleness_[table_id];
+    if (MinLiveClock() < needed) {
+      // Check the request now, so that a bad one is refused at once rather than held.
+      PS_RETURN_IF_ERROR(Address(table_id, pull.getKeys(), request).status());
+      ++stats_.pulls_held;
+      held_.push_back(HeldPull{peer, std::move(request), std::move(decoded), worker, clock, needed,
+                               Clock::now()});
+      return Frames();
+    }
   }
+  return ServePull(h, request, std::chrono::microseconds(0));
+}
+
+void ServerCore::ReleaseHeldPulls(std::vector<Outgoing>* out) {
+  const int64_t min_clock = MinLiveClock();
+  const auto now = Clock::now();
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (min_clock < it->needed) {
+      ++it;
+      continue;
+    }
+    auto held = std::chrono::duration_cast<std::chrono::microseconds>(now - it->since);
+    Result<Frames> reply = Internal("unreachable");
+    try {
+      reply = ServePull(it->header.get(), it->request, held);
+    } catch (const kj::Exception& e) {
+      reply = InvalidArgument(std::string("malformed header: ") + e.getDescription().cStr());
+    }
+    if (!reply.ok()) {
+      ++stats_.bad_requests;
+      reply = ErrorReply(it->header.get().getRequestId(), server_id_, reply.status());
+    }
+    out->push_back(Outgoing{it->peer, std::move(reply).value()});
+    it = held_.erase(it);
+  }
+}
+
+void ServerCore::ExpireHeldPulls(Clock::time_point now, std::vector<Outgoing>* out) {
+  const auto limit = std::chrono::duration<double>(config_.staleness_wait_seconds);
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (now - it->since < limit) {
+      ++it;
+      continue;
+    }
+    int slowest = -1;
+    int64_t min_clock = MinLiveClock(&slowest);
+    Status s = DeadlineExceeded(
+        "pull of worker " + std::to_string(it->worker) + " at clock " + std::to_string(it->clock) +
+        " waited " + std::to_string(config_.staleness_wait_seconds) + " s for worker " +
+        std::to_string(slowest) + ", still at clock " + std::to_string(min_clock) +
+        " (the staleness bound needs " + std::to_string(it->needed) + ")");
+    out->push_back(Outgoing{it->peer, ErrorReply(it->header.get().getRequestId(), server_id_, s)});
+    it = held_.erase(it);
+  }
+}
+
+Result<Frames> ServerCore::HandleClock(wire::Header::Reader h, std::vector<Outgoing>* out) {
+  const int worker = h.getSenderId();
+  if (worker < 0 || worker >= config_.num_workers) {
+    return InvalidArgument("clock tick from sender " + std::to_string(worker) +
+                           ", which is not a worker of this job");
+  }
+  auto tick = h.getBody().getClock();
+  const size_t w = static_cast<size_t>(worker);
+  if (tick.getLeave()) {
+    left_[w] = true;
+  } else {
+    if (tick.getClock() < 0) return InvalidArgument("negative clock " + std::to_string(tick.getClock()));
+    // Clocks only move forward; a repeated tick changes nothing.
+    clocks_[w] = std::max(clocks_[w], tick.getClock());
+  }
+  // The tick's reply goes first: it answers the request that released the others.
+  capnp::MallocMessageBuilder b;
+  NewHeader(b, h.getRequestId(), server_id_).getBody().setClockReply();
+  Frames reply;
+  reply.push_back(EncodeFrame(b));
+  std::vector<Outgoing> released;
+  ReleaseHeldPulls(&released);
+  for (Outgoing& o : released) out->push_back(std::move(o));
+  return reply;
+}
+
+Frames ServerCore::ShutdownReply(uint64_t request_id) {
+  capnp::MallocMessageBuilder b;
+  auto s = NewHeader(b, request_id, server_id_).getBody().initShutdownReply();
+  ServerStats st = stats();
+  s.setPushesApplied(st.pushes_applied);
+  s.setPushesRejected(st.pushes_rejected);
+  s.setPushesDropped(st.pushes_dropped);
+  s.setPullsServed(st.pulls_served);
+  s.setPullsHeld(st.pulls_held);
+  s.setBytesPushed(st.bytes_pushed);
+  s.setBytesPulled(st.bytes_pulled);
+  s.setRowsHeld(st.rows_held);
+  s.setMaxClockLag(st.max_clock_lag);
+  s.setStalenessSum(st.staleness_sum);
+  s.setStalenessMax(st.staleness_max);
+  // Send the histogram up to its last non-empty bucket.
+  size_t n = st.staleness_histogram.size();
+  while (n > 0 && st.staleness_histogram[n - 1] == 0) --n;
+  auto hist = s.initStalenessHistogram(static_cast<unsigned>(n));
+  for (size_t i = 0; i < n; ++i) hist.set(static_cast<unsigned>(i), st.staleness_histogram[i]);
+  Frames out;
+  out.push_back(EncodeFrame(b));
+  return out;
+}
+
+void ServerCore::Handle(const std::string& peer, Frames& request, std::vector<Outgoing>* out,
+                        After* after) {
+  *after = After::kContinue;
+  auto reply_error = [&](uint64_t request_id, const Status& s) {
+    ++stats_.bad_requests;
+    out->push_back(Outgoing{peer, ErrorReply(request_id, server_id_, s)});
+  };
+  if (request.empty()) return reply_error(0, InvalidArgument("empty message"));
   AlignPayloadFrames(request);
   Result<DecodedHeader> decoded = DecodedHeader::Decode(request[0]);
-  if (!decoded.ok()) {
-    ++stats_.bad_requests;
-    return ErrorReply(0, server_id_, decoded.status());
-  }
+  if (!decoded.ok()) return reply_error(0, decoded.status());
   wire::Header::Reader h = decoded->get();
   uint64_t request_id = 0;
   bool is_push = false;
   try {
     request_id = h.getRequestId();
     Status version = CheckProtocolVersion(h);
-    if (!version.ok()) {
-      ++stats_.bad_requests;
-      return ErrorReply(request_id, server_id_, version);
-    }
-    Result<Frames> reply = InvalidArgument("no reply");
+    if (!version.ok()) return reply_error(request_id, version);
+    Result<Frames> reply = Internal("no reply");
     switch (h.getBody().which()) {
       case wire::Header::Body::PUSH:
         is_push = true;
         reply = HandlePush(h, request);
         break;
       case wire::Header::Body::PULL:
-        reply = HandlePull(h, request);
+        reply = HandlePull(peer, decoded.value(), request);
+        if (reply.ok() && reply->empty()) return;  // held by the staleness bound
         break;
+      case wire::Header::Body::CLOCK: {
+        std::vector<Outgoing> released;
+        reply = HandleClock(h, &released);
+        if (reply.ok()) {
+          out->push_back(Outgoing{peer, std::move(reply).value()});
+          for (Outgoing& o : released) out->push_back(std::move(o));
+          return;
+        }
+        break;
+      }
       case wire::Header::Body::HEARTBEAT: {
         capnp::MallocMessageBuilder b;
         NewHeader(b, request_id, server_id_).getBody().setHeartbeatReply();
-        Frames out;
-        out.push_back(EncodeFrame(b));
-        return out;
+        Frames f;
+        f.push_back(EncodeFrame(b));
+        reply = std::move(f);
+        break;
       }
-      case wire::Header::Body::SHUTDOWN: {
-        capnp::MallocMessageBuilder b;
-        auto s = NewHeader(b, request_id, server_id_).getBody().initShutdownReply();
-        ServerStats st = stats();
-        s.setPushesApplied(st.pushes_applied);
-        s.setPushesRejected(st.pushes_rejected);
-        s.setPullsServed(st.pulls_served);
-        s.setBytesPushed(st.bytes_pushed);
-        s.setBytesPulled(st.bytes_pulled);
-        s.setRowsHeld(st.rows_held);
-        Frames out;
-        out.push_back(EncodeFrame(b));
+      case wire::Header::Body::SHUTDOWN:
         *after = After::kShutdown;
-        return out;
-      }
+        reply = ShutdownReply(request_id);
+        break;
       default:
         reply = InvalidArgument("a server does not handle this message type (" +
                                 std::to_string(static_cast<int>(h.getBody().which())) + ")");
     }
-    if (reply.ok()) return std::move(reply).value();
-    ++stats_.bad_requests;
+    if (reply.ok()) {
+      out->push_back(Outgoing{peer, std::move(reply).value()});
+      return;
+    }
     if (is_push) ++stats_.pushes_rejected;
-    return ErrorReply(request_id, server_id_, reply.status());
+    return reply_error(request_id, reply.status());
   } catch (const kj::Exception& e) {
-    // A malformed pointer deep in the header: lazily validated by Cap'n Proto.
-    ++stats_.bad_requests;
+    // A malformed pointer deep in the header: Cap'n Proto validates lazily.
     if (is_push) ++stats_.pushes_rejected;
-    return ErrorReply(request_id, server_id_,
-                      InvalidArgument(std::string("malformed header: ") + e.getDescription().cStr()));
+    return reply_error(request_id, InvalidArgument(std::string("malformed header: ") +
+                                                   e.getDescription().cStr()));
   }
+}
+
+Frames ServerCore::HandleOne(Frames& request, After* after) {
+  std::vector<Outgoing> out;
+  After ignored;
+  Handle("", request, &out, after != nullptr ? after : &ignored);
+  CHECK_EQ(out.size(), 1u) << "HandleOne: the request was held or released others";
+  return std::move(out[0].frames);
 }
 
 }  // namespace ps

@@ -8,18 +8,23 @@ namespace ps {
 
 Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::atomic<bool>& stop,
                           std::chrono::milliseconds poll_interval) {
+  std::vector<Outgoing> out;
   while (!stop.load(std::memory_order_relaxed)) {
     Result<Incoming> in = socket.Recv(poll_interval);
-    if (!in.ok()) {
-      if (in.status().code() == StatusCode::kDeadlineExceeded) continue;
+    ServerCore::After after = ServerCore::After::kContinue;
+    out.clear();
+    if (in.ok()) {
+      core.Handle(in->peer, in->frames, &out, &after);
+    } else if (in.status().code() != StatusCode::kDeadlineExceeded) {
       return in.status();
     }
-    ServerCore::After after;
-    Frames reply = core.Handle(in->frames, &after);
-    Status sent = socket.Send(in->peer, std::move(reply));
-    if (!sent.ok()) {
-      // The peer left before its reply; nothing to do for it, keep serving the others.
-      LOG(WARNING) << "server " << core.server_id() << ": " << sent.ToString();
+    core.ExpireHeldPulls(ServerCore::Clock::now(), &out);
+    for (Outgoing& o : out) {
+      Status sent = socket.Send(o.peer, std::move(o.frames));
+      if (!sent.ok()) {
+        // The peer left before its reply; nothing to do for it, keep serving the others.
+        LOG(WARNING) << "server " << core.server_id() << ": " << sent.ToString();
+      }
     }
     if (after == ServerCore::After::kShutdown) {
       LOG(INFO) << "server " << core.server_id() << ": shutdown requested";

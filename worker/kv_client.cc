@@ -20,13 +20,16 @@ struct KVClient::Request {
   bool done = false;
   Callback callback;
   std::span<float> out;  // pulls only
+  RequestInfo info;
 };
 
 struct KVClient::Part {
+  enum class Kind { kPush, kPull, kClock };
   Ticket ticket = 0;
   std::shared_ptr<Request> request;
   int server = 0;
-  bool push = false;
+  Kind kind = Kind::kPull;
+  uint32_t table = 0;
   size_t width = 0;
   size_t rows = 0;
   // Where this part's rows go in the request's output: a range part starts at row
@@ -51,7 +54,11 @@ Result<std::unique_ptr<KVClient>> KVClient::Create(Transport* transport, const J
 }
 
 KVClient::KVClient(const JobConfig& config, const KVClientOptions& options)
-    : config_(config), options_(options), shard_map_(config.table_specs, config.num_servers) {}
+      : config_(config),
+      options_(options),
+      shard_map_(config.table_specs, config.num_servers),
+      pulled_version_(config.table_specs.size(),
+                      std::vector<uint64_t>(static_cast<size_t>(config.num_servers), 0)) {}
 
 Status KVClient::Start(Transport* transport, const std::vector<std::string>& endpoints) {
   for (const std::string& e : endpoints) {
@@ -169,15 +176,24 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
   std::vector<uint64_t> request_ids;  // parallel to parts
   std::vector<Outgoing> outgoing;
   const auto deadline = SteadyClock::now() + options_.request_timeout;
-  auto header = [&](capnp::MallocMessageBuilder& b, uint64_t rid) {
+  const int64_t clock = clock_.load();
+  std::vector<uint64_t> pulled_version;
+  if (push) {
+    std::lock_guard<std::mutex> lock(mu_);
+    pulled_version = pulled_version_[table];
+  }
+  auto header = [&](capnp::MallocMessageBuilder& b, uint64_t rid, int server) {
     auto body = NewHeader(b, rid, options_.client_id).getBody();
     if (push) {
       auto p = body.initPush();
       p.setTableId(table);
+      p.setClock(clock);
+      p.setPulledVersion(pulled_version[static_cast<size_t>(server)]);
       return p.getKeys();
     }
     auto p = body.initPull();
     p.setTableId(table);
+    p.setClock(clock);
     return p.getKeys();
   };
   uint64_t payload_bytes = 0;
@@ -186,7 +202,7 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
       auto part = std::make_shared<Part>();
       uint64_t rid = next_request_id_.fetch_add(1);
       capnp::MallocMessageBuilder b;
-      auto k = header(b, rid);
+      auto k = header(b, rid, slice.server);
       k.initRange().setBegin(slice.rows.begin);
       k.getRange().setEnd(slice.rows.end);
       Outgoing o{slice.server, {}};
@@ -210,7 +226,7 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
       auto part = std::make_shared<Part>();
       uint64_t rid = next_request_id_.fetch_add(1);
       capnp::MallocMessageBuilder b;
-      header(b, rid).setListCount(slice.positions.size());
+      header(b, rid, slice.server).setListCount(slice.positions.size());
       Outgoing o{slice.server, {}};
       o.frames.push_back(EncodeFrame(b));
       zmq::message_t key_frame(slice.positions.size() * sizeof(uint64_t));
@@ -236,22 +252,14 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
     }
   }
 
-  Ticket ticket;
+  for (auto& part : parts) {
+    part->kind = push ? Part::Kind::kPush : Part::Kind::kPull;
+    part->table = table;
+    part->width = width;
+    part->deadline = deadline;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    ticket = next_ticket_++;
-    request->remaining = static_cast<int>(parts.size());
-    requests_[ticket] = request;
-    for (size_t i = 0; i < parts.size(); ++i) {
-      Part* part = parts[i].get();
-      part->width = width;
-      part->ticket = ticket;
-      part->request = request;
-      part->push = push;
-      part->deadline = deadline;
-      parts_[request_ids[i]] = parts[i];
-    }
-    for (Outgoing& o : outgoing) outbox_.push_back(std::move(o));
     if (push) {
       ++stats_.pushes;
       stats_.bytes_pushed += payload_bytes;
@@ -259,17 +267,67 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
       ++stats_.pulls;
     }
   }
-  if (parts.empty()) {
-    // Nothing to send (zero rows): done at once.
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      request->remaining = 1;
+  return Enqueue(std::move(request), std::move(parts), std::move(request_ids),
+                 std::move(outgoing));
+}
+
+Ticket KVClient::Enqueue(std::shared_ptr<Request> request,
+                         std::vector<std::shared_ptr<Part>> parts,
+                         std::vector<uint64_t> request_ids, std::vector<Outgoing> outgoing) {
+  Ticket ticket;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ticket = next_ticket_++;
+    // An empty request (zero rows) completes at once, below.
+    request->remaining = std::max<int>(1, static_cast<int>(parts.size()));
+    requests_[ticket] = request;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      parts[i]->ticket = ticket;
+      parts[i]->request = request;
+      parts_[request_ids[i]] = parts[i];
     }
+    for (Outgoing& o : outgoing) outbox_.push_back(std::move(o));
+  }
+  if (parts.empty()) {
     Complete(ticket, Status::Ok());
   } else {
     Wake();
   }
   return ticket;
+}
+
+Ticket KVClient::Clock(Callback done) {
+  clock_.fetch_add(1);
+  return SendClock(false, std::move(done));
+}
+
+Ticket KVClient::Leave(Callback done) { return SendClock(true, std::move(done)); }
+
+Ticket KVClient::SendClock(bool leave, Callback done) {
+  auto request = std::make_shared<Request>();
+  request->callback = std::move(done);
+  std::vector<std::shared_ptr<Part>> parts;
+  std::vector<uint64_t> request_ids;
+  std::vector<Outgoing> outgoing;
+  const auto deadline = SteadyClock::now() + options_.request_timeout;
+  for (int s = 0; s < config_.num_servers; ++s) {
+    uint64_t rid = next_request_id_.fetch_add(1);
+    capnp::MallocMessageBuilder b;
+    auto tick = NewHeader(b, rid, options_.client_id).getBody().initClock();
+    tick.setClock(clock_.load());
+    tick.setLeave(leave);
+    Outgoing o{s, {}};
+    o.frames.push_back(EncodeFrame(b));
+    auto part = std::make_shared<Part>();
+    part->kind = Part::Kind::kClock;
+    part->server = s;
+    part->deadline = deadline;
+    parts.push_back(part);
+    request_ids.push_back(rid);
+    outgoing.push_back(std::move(o));
+  }
+  return Enqueue(std::move(request), std::move(parts), std::move(request_ids),
+                 std::move(outgoing));
 }
 
 void KVClient::Complete(Ticket ticket, const Status& status) {
@@ -296,7 +354,7 @@ void KVClient::Complete(Ticket ticket, const Status& status) {
   }
 }
 
-Status KVClient::Wait(Ticket ticket) {
+Status KVClient::Wait(Ticket ticket, RequestInfo* info) {
   std::unique_lock<std::mutex> lock(mu_);
   auto it = requests_.find(ticket);
   if (it == requests_.end()) {
@@ -308,6 +366,7 @@ Status KVClient::Wait(Ticket ticket) {
                            [&] { return r->done; });
   requests_.erase(ticket);
   if (!done) return DeadlineExceeded("request " + std::to_string(ticket) + " never completed");
+  if (info != nullptr) *info = r->info;
   return r->status;
 }
 
@@ -337,16 +396,32 @@ void KVClient::OnReply(int server, Frames frames) {
     }
     status = CheckProtocolVersion(header);
     auto body = header.getBody();
+    const std::string who = "server " + std::to_string(server);
     if (!status.ok()) {
     } else if (body.which() == wire::Header::Body::ERROR) {
       status = StatusFromError(body.getError());
-    } else if (part->push) {
+    } else if (part->kind == Part::Kind::kClock) {
+      if (body.which() != wire::Header::Body::CLOCK_REPLY) {
+        status = Internal(who + " answered a clock tick with another type");
+      }
+    } else if (part->kind == Part::Kind::kPush) {
       if (body.which() != wire::Header::Body::PUSH_REPLY) {
-        status = Internal("server " + std::to_string(server) + " answered a push with another type");
+        status = Internal(who + " answered a push with another type");
+      } else {
+        auto r = body.getPushReply();
+        std::lock_guard<std::mutex> lock(mu_);
+        if (r.getDropped()) {
+          ++stats_.pushes_dropped;
+        } else {
+          ++stats_.staleness_count;
+          stats_.staleness_sum += r.getStaleness();
+          stats_.staleness_max = std::max<uint64_t>(stats_.staleness_max, r.getStaleness());
+          stats_.last_learning_rate = r.getLearningRate();
+        }
       }
     } else if (body.which() != wire::Header::Body::PULL_REPLY || frames.size() != 2 ||
                frames[1].size() != part->rows * part->width * sizeof(float)) {
-      status = Internal("server " + std::to_string(server) + " sent a malformed pull reply");
+      status = Internal(who + " sent a malformed pull reply");
     } else {
       // Scatter outside the lock: the caller does not touch `out` until completion.
       // The frame may sit at any byte offset: copy bytes, never read it as float*.
@@ -362,8 +437,14 @@ void KVClient::OnReply(int server, Frames frames) {
                       row_bytes);
         }
       }
+      auto r = body.getPullReply();
       std::lock_guard<std::mutex> lock(mu_);
       stats_.bytes_pulled += frames[1].size();
+      stats_.max_clock_lag = std::max(stats_.max_clock_lag, r.getClockLag());
+      pulled_version_[part->table][static_cast<size_t>(server)] = r.getVersion();
+      RequestInfo& info = part->request->info;
+      info.held_seconds = std::max(info.held_seconds, r.getHeldMicros() / 1e6);
+      info.clock_lag = std::max(info.clock_lag, r.getClockLag());
     }
   } catch (const kj::Exception& e) {
     status = Internal(std::string("malformed reply: ") + e.getDescription().cStr());

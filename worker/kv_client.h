@@ -14,6 +14,14 @@
 // Ordering: requests to one server are sent and answered in call order, so a pull issued
 // after a push to the same rows sees that push.
 //
+// Clocks (the staleness bound): the client counts the steps its worker completed. Clock()
+// completes one and tells every server, after the pushes issued before it; every pull
+// carries the current clock, and a server holds it while the job's bound requires (see
+// server/server_core.h). Leave() takes the worker out of the clock table when it is done,
+// so that nobody waits on it. Pushes carry the clock too (the learning-rate schedule's
+// iteration) and the table shard's version of the last pull, from which the server knows
+// each gradient's staleness.
+//
 // Thread model: all public methods are thread-safe. One internal I/O thread owns the
 // sockets (one DEALER per server); callers hand it requests through a queue and an
 // eventfd wakeup.
@@ -51,10 +59,25 @@ struct KVClientOptions {
 };
 
 struct KVClientStats {
-  uint64_t pushes = 0;       // Push calls
-  uint64_t pulls = 0;        // Pull calls
-  uint64_t bytes_pushed = 0; // gradient payload bytes sent
-  uint64_t bytes_pulled = 0; // value payload bytes received
+  uint64_t pushes = 0;        // Push calls
+  uint64_t pulls = 0;         // Pull calls
+  uint64_t bytes_pushed = 0;  // gradient payload bytes sent
+  uint64_t bytes_pulled = 0;  // value payload bytes received
+  uint64_t pushes_dropped = 0;  // server parts refused as too stale
+  // Over applied push parts: their staleness (shard versions behind) and learning rate.
+  uint64_t staleness_count = 0;
+  uint64_t staleness_sum = 0;
+  uint64_t staleness_max = 0;
+  double last_learning_rate = 0;
+  int64_t max_clock_lag = 0;  // over pull replies
+};
+
+// What a completed request's servers said about it, beyond the data.
+struct RequestInfo {
+  // Pulls: the longest any server held a part for the staleness bound, and the largest
+  // clock lag a server saw when it answered.
+  double held_seconds = 0;
+  int64_t clock_lag = 0;
 };
 
 class KVClient {
@@ -82,8 +105,15 @@ class KVClient {
                    Callback done = nullptr);
   Ticket PullRange(uint32_t table, RowRange rows, std::span<float> out, Callback done = nullptr);
 
+  // Completes the current clock (one step) on every server; pulls after it carry the new
+  // clock. Returns a ticket for the servers' acknowledgements.
+  Ticket Clock(Callback done = nullptr);
+  // Takes this worker out of every server's clock table (it will not tick again).
+  Ticket Leave(Callback done = nullptr);
+  int64_t clock() const { return clock_.load(); }
+
   // Blocks until the request completes; returns its outcome and forgets the ticket.
-  Status Wait(Ticket ticket);
+  Status Wait(Ticket ticket, RequestInfo* info = nullptr);
 
   KVClientStats stats() const;
 
@@ -100,6 +130,10 @@ class KVClient {
   Ticket Submit(bool push, uint32_t table, std::span<const uint64_t> keys, const RowRange* range,
                 std::span<const float> grads, std::span<float> out, Callback done);
   Ticket Fail(const Status& status, Callback done);
+  Ticket SendClock(bool leave, Callback done);
+  // Registers a request of `parts` (with their request ids) and queues their frames.
+  Ticket Enqueue(std::shared_ptr<Request> request, std::vector<std::shared_ptr<Part>> parts,
+                 std::vector<uint64_t> request_ids, std::vector<Outgoing> outgoing);
   // Records one part's outcome; the last part completes the ticket. REQUIRES: mu_ not held.
   void Complete(Ticket ticket, const Status& status);
   void IoLoop();
@@ -115,6 +149,7 @@ class KVClient {
   std::thread io_thread_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> next_request_id_{1};
+  std::atomic<int64_t> clock_{0};
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -123,6 +158,8 @@ class KVClient {
   std::unordered_map<Ticket, std::shared_ptr<Request>> requests_;  // guarded by mu_
   std::unordered_map<uint64_t, std::shared_ptr<Part>> parts_;  // request id -> part; mu_
   KVClientStats stats_;                                        // guarded by mu_
+  // Shard version of the last pull, by table then server; sent back with pushes.
+  std::vector<std::vector<uint64_t>> pulled_version_;          // guarded by mu_
 };
 
 }  // namespace ps

@@ -3,19 +3,13 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
-#include <vector>
+#include <thread>
 
 #include <glog/logging.h>
-#include <kj/exception.h>
-#include <nlohmann/json.hpp>
 
 #include "common/registration.h"
 #include "common/shard_map.h"
 #include "common/wire.h"
-#include "kernels/kernels.h"
-#include "worker/idx_reader.h"
-#include "worker/kv_client.h"
-#include "worker/mlp.h"
 
 namespace ps {
 namespace {
@@ -27,21 +21,31 @@ double SecondsSince(SteadyClock::time_point t) {
   return std::chrono::duration<double>(SteadyClock::now() - t).count();
 }
 
-// Sends one JSON report (or done) to the coordinator and waits for the answer.
-Status SendReport(ClientSocket& coordinator, int worker_id, const json& report) {
-  capnp::MallocMessageBuilder b;
-  NewHeader(b, 1, worker_id).getBody().initReport().setJson(report.dump());
-  Frames f;
-  f.push_back(EncodeFrame(b));
-  return Call(coordinator, std::move(f), std::chrono::seconds(60)).status();
-}
+// Reports go to the coordinator, one request at a time on the registration socket.
+class CoordinatorSink final : public ProgressSink {
+ public:
+  CoordinatorSink(ClientSocket* coordinator, int worker_id)
+      : coordinator_(coordinator), worker_id_(worker_id) {}
+  Status Report(const json& line) override {
+    capnp::MallocMessageBuilder b;
+    NewHeader(b, ++request_id_, worker_id_).getBody().initReport().setJson(line.dump());
+    Frames f;
+    f.push_back(EncodeFrame(b));
+    return Call(*coordinator_, std::move(f), std::chrono::seconds(60)).status();
+  }
+
+ private:
+  ClientSocket* coordinator_;
+  int worker_id_;
+  uint64_t request_id_ = 0;
+};
 
 // Tells the coordinator this worker is done and waits until every worker is (the barrier
 // before the final evaluation).
 Status SendDone(ClientSocket& coordinator, int worker_id, const json& totals, const Status& outcome,
                 const std::atomic<bool>& stop) {
   capnp::MallocMessageBuilder b;
-  auto done = NewHeader(b, 2, worker_id).getBody().initDone();
+  auto done = NewHeader(b, 1u << 30, worker_id).getBody().initDone();
   done.setJson(totals.dump());
   done.setFailed(!outcome.ok());
   done.setMessage(outcome.ToString());
@@ -59,184 +63,197 @@ Status SendDone(ClientSocket& coordinator, int worker_id, const json& totals, co
   return Aborted("stopped while waiting for the other workers");
 }
 
-class Training {
- public:
-  Training(Registration& reg, Kernels* kernels, KVClient* client, Mlp* mlp,
-           const ImageDataset& train, const ImageDataset& test)
-      : reg_(reg), config_(reg.config), kernels_(kernels), client_(client), mlp_(mlp),
-        train_(train), test_(test) {
-    for (size_t i = 0; i < num_tables(); ++i) {
-      const TableSpec& t = config_.table_specs[i];
-      params_.emplace_back(t.rows * t.width);
-      grads_.emplace_back(t.rows * t.width);
-    }
+}  // namespace
+
+std::vector<int64_t> EpochShare(uint64_t seed, int epoch, int64_t count, int worker,
+                                int num_workers) {
+  std::vector<int64_t> order(static_cast<size_t>(count));
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(HashKey(seed, 0xda7a, static_cast<uint64_t>(epoch)));
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<int64_t> mine;
+  for (size_t i = static_cast<size_t>(worker); i < order.size(); i += static_cast<size_t>(num_workers)) {
+    mine.push_back(order[i]);
   }
+  return mine;
+}
 
-  size_t num_tables() const { return config_.table_specs.size(); }
-
-  Status PullAll() {
-    std::vector<Ticket> tickets;
-    for (size_t i = 0; i < num_tables(); ++i) {
-      const TableSpec& t = config_.table_specs[i];
-      tickets.push_back(client_->PullRange(t.id, RowRange{0, t.rows}, params_[i]));
-    }
-    Status first;
-    for (Ticket t : tickets) {
-      Status s = client_->Wait(t);
-      if (first.ok()) first = s;
-    }
-    return first;
+TrainingLoop::TrainingLoop(const JobConfig& config, int worker_id, Kernels* kernels,
+                           KVClient* client, Mlp* mlp, const ImageDataset& train,
+                           const ImageDataset& test, ProgressSink* sink, double slowdown)
+    : config_(config), worker_id_(worker_id), kernels_(kernels), client_(client), mlp_(mlp),
+      train_(train), test_(test), sink_(sink), slowdown_(slowdown) {
+  const size_t n = MlpParamSizes(mlp_->shape()).size();
+  for (size_t i = 0; i < n; ++i) {
+    const TableSpec& t = config_.table_specs[i];
+    params_.emplace_back(t.rows * t.width);
+    grads_.emplace_back(t.rows * t.width);
   }
+}
 
-  Status PushAll() {
-    PS_RETURN_IF_ERROR(WaitPushes());
-    for (size_t i = 0; i < num_tables(); ++i) {
-      const TableSpec& t = config_.table_specs[i];
-      push_tickets_.push_back(client_->PushRange(t.id, RowRange{0, t.rows}, grads_[i]));
-    }
+std::vector<const float*> TrainingLoop::ConstParams() const {
+  std::vector<const float*> p;
+  for (const auto& v : params_) p.push_back(v.data());
+  return p;
+}
+
+Status TrainingLoop::PullAll(RequestInfo* info) {
+  std::vector<Ticket> tickets;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const TableSpec& t = config_.table_specs[i];
+    tickets.push_back(client_->PullRange(t.id, RowRange{0, t.rows}, params_[i]));
+  }
+  Status first;
+  for (Ticket t : tickets) {
+    RequestInfo one;
+    Status s = client_->Wait(t, &one);
+    if (first.ok()) first = s;
+    // The tables' pulls were held side by side: the step waited as long as the longest.
+    info->held_seconds = std::max(info->held_seconds, one.held_seconds);
+    info->clock_lag = std::max(info->clock_lag, one.clock_lag);
+  }
+  return first;
+}
+
+Status TrainingLoop::WaitInFlight() {
+  Status first;
+  for (Ticket t : in_flight_) {
+    Status s = client_->Wait(t);
+    if (first.ok()) first = s;
+  }
+  in_flight_.clear();
+  return first;
+}
+
+Status TrainingLoop::PushAllAndTick() {
+  PS_RETURN_IF_ERROR(WaitInFlight());
+  for (size_t i = 0; i < grads_.size(); ++i) {
+    const TableSpec& t = config_.table_specs[i];
+    in_flight_.push_back(client_->PushRange(t.id, RowRange{0, t.rows}, grads_[i]));
+  }
+  in_flight_.push_back(client_->Clock());
+  return Status::Ok();
+}
+
+Result<BatchResult> TrainingLoop::Evaluate() {
+  PS_RETURN_IF_ERROR(WaitInFlight());
+  RequestInfo info;
+  PS_RETURN_IF_ERROR(PullAll(&info));
+  BatchResult r;
+  PS_RETURN_IF_ERROR(mlp_->Evaluate(test_.pixels.data(), test_.labels.data(),
+                                    static_cast<int>(test_.count), ConstParams(), &r));
+  return r;
+}
+
+json TrainingLoop::EvalLine(int epoch, const BatchResult& ev, bool final_eval) {
+  return {{"kind", "eval"},
+          {"epoch", epoch},
+          {"final", final_eval},
+          {"test_examples", ev.examples},
+          {"test_loss", ev.loss_sum / std::max<int64_t>(1, ev.examples)},
+          {"test_accuracy", static_cast<double>(ev.correct) / std::max<int64_t>(1, ev.examples)}};
+}
+
+json TrainingLoop::Totals() const {
+  return {{"examples", examples_},
+          {"steps", steps_},
+          {"clock", client_->clock()},
+          {"seconds", seconds_},
+          {"wait_seconds", wait_seconds_},
+          {"device", kernels_->DeviceName()}};
+}
+
+Status TrainingLoop::ReportTraining(int epoch, double epoch_fraction, bool force) {
+  const double dt = SecondsSince(last_report_);
+  if (interval_.examples == 0 || (!force && dt < config_.report_every_seconds)) {
     return Status::Ok();
   }
+  KVClientStats now = client_->stats();
+  const uint64_t n = now.staleness_count - stats_at_report_.staleness_count;
+  json line = {
+      {"kind", "train"},
+      {"epoch", epoch},
+      {"epoch_fraction", epoch_fraction},
+      {"step", steps_},
+      {"clock", client_->clock()},
+      {"examples", interval_.examples},
+      {"loss", interval_.loss_sum / interval_.examples},
+      {"accuracy", static_cast<double>(interval_.correct) / interval_.examples},
+      {"examples_per_sec", interval_.examples / dt},
+      {"wait_seconds", interval_wait_},
+      {"clock_lag_max", interval_lag_},
+      {"staleness_mean",
+       n > 0 ? static_cast<double>(now.staleness_sum - stats_at_report_.staleness_sum) / n : 0.0},
+      {"staleness_max_total", now.staleness_max},
+      {"lr", now.last_learning_rate},
+  };
+  stats_at_report_ = now;
+  interval_ = BatchResult();
+  interval_wait_ = 0;
+  interval_lag_ = 0;
+  last_report_ = SteadyClock::now();
+  return sink_->Report(line);
+}
 
-  Status WaitPushes() {
-    Status first;
-    for (Ticket t : push_tickets_) {
-      Status s = client_->Wait(t);
-      if (first.ok()) first = s;
+Status TrainingLoop::Run(const std::atomic<bool>& stop) {
+  const int W = config_.num_workers;
+  const size_t dim = static_cast<size_t>(train_.rows) * static_cast<size_t>(train_.cols);
+  const int B = config_.batch_size;
+  std::vector<float> x(static_cast<size_t>(B) * dim);
+  std::vector<int32_t> y(static_cast<size_t>(B));
+  std::vector<float*> grad_ptrs;
+  for (auto& g : grads_) grad_ptrs.push_back(g.data());
+
+  start_ = last_report_ = SteadyClock::now();
+  stats_at_report_ = client_->stats();
+  for (int epoch = 1; epoch <= config_.epochs; ++epoch) {
+    std::vector<int64_t> mine = EpochShare(config_.seed, epoch, train_.count, worker_id_, W);
+    for (size_t begin = 0; begin < mine.size(); begin += static_cast<size_t>(B)) {
+      if (stop.load()) return Aborted("stopped by signal");
+      const int n = static_cast<int>(std::min<size_t>(B, mine.size() - begin));
+      for (int i = 0; i < n; ++i) {
+        const int64_t e = mine[begin + static_cast<size_t>(i)];
+        std::copy_n(train_.pixels.data() + static_cast<size_t>(e) * dim, dim,
+                    x.data() + static_cast<size_t>(i) * dim);
+        y[static_cast<size_t>(i)] = train_.labels[static_cast<size_t>(e)];
+      }
+      RequestInfo info;
+      PS_RETURN_IF_ERROR(PullAll(&info));
+      auto compute_start = SteadyClock::now();
+      BatchResult br;
+      PS_RETURN_IF_ERROR(
+          mlp_->ForwardBackward(x.data(), y.data(), n, ConstParams(), grad_ptrs, &br));
+      if (slowdown_ > 1) {
+        // A deliberate straggler (--slowdown): as if the device were this much slower.
+        std::this_thread::sleep_for((SteadyClock::now() - compute_start) * (slowdown_ - 1));
+      }
+      PS_RETURN_IF_ERROR(PushAllAndTick());
+      ++steps_;
+      examples_ += n;
+      wait_seconds_ += info.held_seconds;
+      interval_wait_ += info.held_seconds;
+      interval_lag_ = std::max(interval_lag_, info.clock_lag);
+      interval_.loss_sum += br.loss_sum;
+      interval_.correct += br.correct;
+      interval_.examples += br.examples;
+      PS_RETURN_IF_ERROR(ReportTraining(epoch, static_cast<double>(begin + n) / mine.size(), false));
     }
-    push_tickets_.clear();
-    return first;
-  }
-
-  Result<BatchResult> Evaluate() {
-    PS_RETURN_IF_ERROR(WaitPushes());
-    PS_RETURN_IF_ERROR(PullAll());
-    BatchResult r;
-    PS_RETURN_IF_ERROR(mlp_->Evaluate(test_.pixels.data(), test_.labels.data(),
-                                      static_cast<int>(test_.count), ConstParams(), &r));
-    return r;
-  }
-
-  std::vector<const float*> ConstParams() const {
-    std::vector<const float*> p;
-    for (const auto& v : params_) p.push_back(v.data());
-    return p;
-  }
-
-  Status Run(const std::atomic<bool>& stop) {
-    const int W = config_.num_workers;
-    const int r = reg_.id;
-    const size_t dim = static_cast<size_t>(train_.rows) * static_cast<size_t>(train_.cols);
-    const int B = config_.batch_size;
-    std::vector<float> x(static_cast<size_t>(B) * dim);
-    std::vector<int32_t> y(static_cast<size_t>(B));
-    std::vector<float*> grad_ptrs;
-    for (auto& g : grads_) grad_ptrs.push_back(g.data());
-
-    start_ = SteadyClock::now();
-    auto last_report = SteadyClock::now();
-    BatchResult since_report;
-    int64_t step = 0;
-    for (int epoch = 1; epoch <= config_.epochs; ++epoch) {
-      std::vector<int64_t> order(static_cast<size_t>(train_.count));
-      std::iota(order.begin(), order.end(), 0);
-      std::mt19937_64 rng(HashKey(config_.seed, 0xda7a, static_cast<uint64_t>(epoch)));
-      std::shuffle(order.begin(), order.end(), rng);
-      std::vector<int64_t> mine;
-      for (size_t i = static_cast<size_t>(r); i < order.size(); i += static_cast<size_t>(W)) {
-        mine.push_back(order[i]);
-      }
-      for (size_t begin = 0; begin < mine.size(); begin += static_cast<size_t>(B)) {
-        if (stop.load()) return Aborted("stopped by signal");
-        const int n = static_cast<int>(std::min<size_t>(B, mine.size() - begin));
-        for (int i = 0; i < n; ++i) {
-          const int64_t e = mine[begin + static_cast<size_t>(i)];
-          std::copy_n(train_.pixels.data() + static_cast<size_t>(e) * dim, dim,
-                      x.data() + static_cast<size_t>(i) * dim);
-          y[static_cast<size_t>(i)] = train_.labels[static_cast<size_t>(e)];
-        }
-        PS_RETURN_IF_ERROR(PullAll());
-        BatchResult br;
-        PS_RETURN_IF_ERROR(
-            mlp_->ForwardBackward(x.data(), y.data(), n, ConstParams(), grad_ptrs, &br));
-        PS_RETURN_IF_ERROR(PushAll());
-        ++step;
-        examples_ += n;
-        since_report.loss_sum += br.loss_sum;
-        since_report.correct += br.correct;
-        since_report.examples += br.examples;
-        double dt = SecondsSince(last_report);
-        if (dt >= config_.report_every_seconds) {
-          json rep = {{"kind", "train"},
-                      {"epoch", epoch},
-                      {"step", step},
-                      {"examples", since_report.examples},
-                      {"loss", since_report.loss_sum / std::max<int64_t>(1, since_report.examples)},
-                      {"accuracy", static_cast<double>(since_report.correct) /
-                                       std::max<int64_t>(1, since_report.examples)},
-                      {"examples_per_sec", since_report.examples / dt},
-                      {"epoch_fraction", static_cast<double>(begin + n) / mine.size()}};
-          PS_RETURN_IF_ERROR(SendReport(*reg_.coordinator, r, rep));
-          since_report = BatchResult();
-          last_report = SteadyClock::now();
-        }
-      }
-      if (since_report.examples > 0) {
-        json rep = {{"kind", "train"},
-                    {"epoch", epoch},
-                    {"step", step},
-                    {"examples", since_report.examples},
-                    {"loss", since_report.loss_sum / since_report.examples},
-                    {"accuracy", static_cast<double>(since_report.correct) / since_report.examples},
-                    {"examples_per_sec", since_report.examples / SecondsSince(last_report)},
-                    {"epoch_fraction", 1.0}};
-        PS_RETURN_IF_ERROR(SendReport(*reg_.coordinator, r, rep));
-        since_report = BatchResult();
-        last_report = SteadyClock::now();
-      }
-      if (r == 0 && epoch < config_.epochs) {
-        PS_ASSIGN_OR_RETURN(BatchResult ev, Evaluate());
-        PS_RETURN_IF_ERROR(SendReport(*reg_.coordinator, r, EvalReport(epoch, ev, false)));
-      }
+    PS_RETURN_IF_ERROR(ReportTraining(epoch, 1.0, true));
+    if (worker_id_ == 0 && epoch < config_.epochs) {
+      PS_ASSIGN_OR_RETURN(BatchResult ev, Evaluate());
+      PS_RETURN_IF_ERROR(sink_->Report(EvalLine(epoch, ev, false)));
     }
-    PS_RETURN_IF_ERROR(WaitPushes());
-    seconds_ = SecondsSince(start_);
-    return Status::Ok();
   }
+  PS_RETURN_IF_ERROR(WaitInFlight());
+  seconds_ = SecondsSince(start_);
+  // Nobody waits on a worker that has finished.
+  return client_->Wait(client_->Leave());
+}
 
-  Status FinalEvaluation() {
-    PS_ASSIGN_OR_RETURN(BatchResult ev, Evaluate());
-    return SendReport(*reg_.coordinator, reg_.id, EvalReport(config_.epochs, ev, true));
-  }
+namespace {
 
-  static json EvalReport(int epoch, const BatchResult& ev, bool final_eval) {
-    return {{"kind", "eval"},
-            {"epoch", epoch},
-            {"final", final_eval},
-            {"test_examples", ev.examples},
-            {"test_loss", ev.loss_sum / std::max<int64_t>(1, ev.examples)},
-            {"test_accuracy", static_cast<double>(ev.correct) / std::max<int64_t>(1, ev.examples)}};
-  }
-
-  json Totals() const {
-    return {{"examples", examples_}, {"device", kernels_->DeviceName()}, {"seconds", seconds_}};
-  }
-
- private:
-  Registration& reg_;
-  const JobConfig& config_;
-  Kernels* kernels_;
-  KVClient* client_;
-  Mlp* mlp_;
-  const ImageDataset& train_;
-  const ImageDataset& test_;
-  std::vector<std::vector<float>> params_, grads_;
-  std::vector<Ticket> push_tickets_;
-  SteadyClock::time_point start_;
-  int64_t examples_ = 0;
-  double seconds_ = 0;
-};
-
-// Everything after registration; its error is reported to the coordinator by the caller.
+// Everything after registration. *done_sent tells the caller whether the coordinator
+// already heard from this worker.
 Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
              Transport* transport, const std::atomic<bool>& stop, json* totals, bool* done_sent) {
   const JobConfig& config = reg.config;
@@ -268,22 +285,32 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
   copt.request_timeout = options.request_timeout;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<KVClient> client,
                       KVClient::Create(transport, config, reg.server_endpoints, copt));
-  Training training(reg, kernels, client.get(), mlp.get(), train, test);
-  Status s = training.Run(stop);
-  *totals = training.Totals();
+  CoordinatorSink sink(reg.coordinator.get(), reg.id);
+  TrainingLoop loop(config, reg.id, kernels, client.get(), mlp.get(), train, test, &sink,
+                    options.slowdown);
+  Status s = loop.Run(stop);
+  *totals = loop.Totals();
   if (!s.ok()) return s;
   *done_sent = true;
   PS_RETURN_IF_ERROR(SendDone(*reg.coordinator, reg.id, *totals, Status::Ok(), stop));
-  if (reg.id == 0) PS_RETURN_IF_ERROR(training.FinalEvaluation());
+  if (reg.id == 0) {
+    PS_ASSIGN_OR_RETURN(BatchResult ev, loop.Evaluate());
+    PS_RETURN_IF_ERROR(sink.Report(TrainingLoop::EvalLine(config.epochs, ev, true)));
+  }
   KVClientStats cs = client->stats();
   LOG(INFO) << "worker " << reg.id << " done: pushes " << cs.pushes << " pulls " << cs.pulls
-            << " bytes pushed " << cs.bytes_pushed << " pulled " << cs.bytes_pulled;
+            << " bytes pushed " << cs.bytes_pushed << " pulled " << cs.bytes_pulled
+            << " max staleness " << cs.staleness_max << " max clock lag " << cs.max_clock_lag;
   return Status::Ok();
 }
 
 }  // namespace
 
 Status RunWorker(const WorkerOptions& options, Transport* transport, const std::atomic<bool>& stop) {
+  if (!(options.slowdown >= 1)) {
+    return InvalidArgument("--slowdown=" + std::to_string(options.slowdown) +
+                           " is not allowed: expected a factor >= 1");
+  }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Kernels> kernels, MakeKernels(options.device));
   RegisterRequest req;
   req.device = kernels->DeviceName();

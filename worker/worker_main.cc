@@ -10,7 +10,9 @@
 DEFINE_string(coordinator, "", "the coordinator's endpoint, e.g. tcp://127.0.0.1:7000 (required)");
 DEFINE_string(device, "cpu", "cpu | cuda | cuda:N");
 DEFINE_int32(register_timeout_ms, 120000, "how long to wait for the job to assemble");
-DEFINE_int32(request_timeout_ms, 60000, "how long a push or pull may take");
+DEFINE_int32(request_timeout_ms, 600000,
+             "how long a push or pull may take (more than the job's staleness_wait_seconds)");
+DEFINE_double(slowdown, 1, "make this worker this many times slower (a straggler, for experiments)");
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -34,6 +36,7 @@ int main(int argc, char** argv) {
   options.device = FLAGS_device;
   options.register_timeout = std::chrono::milliseconds(FLAGS_register_timeout_ms);
   options.request_timeout = std::chrono::milliseconds(FLAGS_request_timeout_ms);
+  options.slowdown = FLAGS_slowdown;
   ps::Transport transport;
   ps::Status s = ps::RunWorker(options, &transport, g_stop);
   if (!s.ok()) {

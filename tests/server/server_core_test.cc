@@ -31,10 +31,7 @@ class ServerCoreTest : public ::testing::Test {
     core_ = ServerCore::Create(config_, 0).value();
   }
 
-  Frames Handle(Frames f) {
-    ServerCore::After after;
-    return core_->Handle(f, &after);
-  }
+  Frames Handle(Frames f) { return core_->HandleOne(f); }
 
   // Every stored value of the dense table and of the sparse keys touched so far.
   std::vector<float> Snapshot() {
@@ -189,7 +186,7 @@ TEST_F(ServerCoreTest, ShutdownRepliesWithCounters) {
   Frames f;
   f.push_back(EncodeFrame(b));
   ServerCore::After after;
-  Frames reply = core_->Handle(f, &after);
+  Frames reply = core_->HandleOne(f, &after);
   EXPECT_EQ(after, ServerCore::After::kShutdown);
   auto h = DecodedHeader::Decode(reply[0]).value();
   ASSERT_EQ(h.get().getBody().which(), wire::Header::Body::SHUTDOWN_REPLY);

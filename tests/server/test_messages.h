@@ -55,15 +55,49 @@ inline Frames KeyPull(uint64_t rid, uint32_t table, const std::vector<uint64_t>&
   return f;
 }
 
-inline Frames RangePull(uint64_t rid, uint32_t table, uint64_t begin, uint64_t end) {
+inline Frames RangePull(uint64_t rid, uint32_t table, uint64_t begin, uint64_t end,
+                        int32_t worker = 0, int64_t clock = 0) {
   capnp::MallocMessageBuilder b;
-  auto p = NewHeader(b, rid, 0).getBody().initPull();
+  auto p = NewHeader(b, rid, worker).getBody().initPull();
   p.setTableId(table);
+  p.setClock(clock);
   p.getKeys().initRange().setBegin(begin);
   p.getKeys().getRange().setEnd(end);
   Frames f;
   f.push_back(EncodeFrame(b));
   return f;
+}
+
+// A push from `worker` at `clock`, computed from shard version `pulled_version`.
+inline Frames VersionedPush(uint64_t rid, uint32_t table, uint64_t begin, uint64_t end,
+                            const std::vector<float>& values, int32_t worker, int64_t clock,
+                            uint64_t pulled_version) {
+  capnp::MallocMessageBuilder b;
+  auto p = NewHeader(b, rid, worker).getBody().initPush();
+  p.setTableId(table);
+  p.getKeys().initRange().setBegin(begin);
+  p.getKeys().getRange().setEnd(end);
+  p.setClock(clock);
+  p.setPulledVersion(pulled_version);
+  Frames f;
+  f.push_back(EncodeFrame(b));
+  f.push_back(FloatsFrame(values));
+  return f;
+}
+
+inline Frames ClockTick(uint64_t rid, int32_t worker, int64_t clock, bool leave = false) {
+  capnp::MallocMessageBuilder b;
+  auto t = NewHeader(b, rid, worker).getBody().initClock();
+  t.setClock(clock);
+  t.setLeave(leave);
+  Frames f;
+  f.push_back(EncodeFrame(b));
+  return f;
+}
+
+// The decoded header of a reply.
+inline DecodedHeader ReplyHeader(const Frames& reply) {
+  return DecodedHeader::Decode(reply.at(0)).value();
 }
 
 // The reply's Status: OK for a push/pull reply, the carried error otherwise.

@@ -13,42 +13,10 @@
 
 #include "server/server_node.h"
 #include "tests/server/test_messages.h"
+#include "tests/worker/in_process_cluster.h"
 
 namespace ps {
 namespace {
-
-// N servers serving on inproc endpoints from their own threads.
-class InProcessCluster {
- public:
-  InProcessCluster(Transport* t, const JobConfig& config) : config_(config) {
-    static std::atomic<int> next{0};
-    int base = next.fetch_add(config.num_servers);
-    for (int s = 0; s < config.num_servers; ++s) {
-      cores_.push_back(ServerCore::Create(config, s).value());
-      sockets_.push_back(t->Listen("inproc://kv_client_test_" + std::to_string(base + s)).value());
-      endpoints_.push_back(sockets_.back()->BoundEndpoint());
-    }
-    for (int s = 0; s < config.num_servers; ++s) {
-      threads_.emplace_back([this, s] {
-        (void)ServeUntilShutdown(*sockets_[s], *cores_[s], stop_, std::chrono::milliseconds(20));
-      });
-    }
-  }
-  ~InProcessCluster() {
-    stop_ = true;
-    for (auto& t : threads_) t.join();
-  }
-  const std::vector<std::string>& endpoints() const { return endpoints_; }
-  ServerCore& core(int s) { return *cores_[s]; }
-
- private:
-  JobConfig config_;
-  std::vector<std::unique_ptr<ServerCore>> cores_;
-  std::vector<std::unique_ptr<ServerSocket>> sockets_;
-  std::vector<std::string> endpoints_;
-  std::vector<std::thread> threads_;
-  std::atomic<bool> stop_{false};
-};
 
 class KVClientTest : public ::testing::Test {
  protected:
@@ -58,7 +26,7 @@ class KVClientTest : public ::testing::Test {
                                       {"num_servers", "3"},
                                       {"base_lr", "1"}})
                   .value();
-    cluster_ = std::make_unique<InProcessCluster>(&transport_, config_);
+    cluster_ = std::make_unique<testing::InProcessCluster>(&transport_, config_);
     client_ = NewClient();
   }
   std::unique_ptr<KVClient> NewClient(std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
@@ -69,7 +37,7 @@ class KVClientTest : public ::testing::Test {
 
   Transport transport_;
   JobConfig config_;
-  std::unique_ptr<InProcessCluster> cluster_;
+  std::unique_ptr<testing::InProcessCluster> cluster_;
   std::unique_ptr<KVClient> client_;
 };
 

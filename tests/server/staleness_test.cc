@@ -1,0 +1,177 @@
+// The staleness bound and gradient staleness on one ServerCore, message by message.
+#include <gtest/gtest.h>
+
+#include "server/server_core.h"
+#include "tests/server/test_messages.h"
+
+namespace ps {
+namespace {
+
+using testing::ClockTick;
+using testing::RangePull;
+using testing::ReplyHeader;
+using testing::ReplyStatus;
+using testing::VersionedPush;
+
+std::unique_ptr<ServerCore> MakeCore(std::map<std::string, std::string> flags) {
+  flags.emplace("model", "none");
+  flags.emplace("tables", "a:4:2:zeros,b:4:2:zeros");
+  flags.emplace("num_servers", "1");
+  flags.emplace("num_workers", "2");
+  flags.emplace("base_lr", "1");
+  JobConfig config = JobConfig::FromFlagMap(flags).value();
+  return ServerCore::Create(config, 0).value();
+}
+
+std::vector<Outgoing> Send(ServerCore& core, const std::string& peer, Frames f) {
+  std::vector<Outgoing> out;
+  ServerCore::After after;
+  core.Handle(peer, f, &out, &after);
+  return out;
+}
+
+TEST(StalenessTest, BspHoldsAPullUntilEveryWorkerTicked) {
+  auto core = MakeCore({{"staleness", "0"}});
+  // Both at clock 0: a pull at clock 0 is served at once.
+  ASSERT_EQ(Send(*core, "w0", RangePull(1, 0, 0, 4, 0, 0)).size(), 1u);
+  // Worker 0 finishes clock 1 and pulls at clock 1: it must see worker 1's clock 0 updates.
+  ASSERT_EQ(Send(*core, "w0", ClockTick(2, 0, 1)).size(), 1u);
+  EXPECT_TRUE(Send(*core, "w0", RangePull(3, 0, 0, 4, 0, 1)).empty()) << "pull was not held";
+  EXPECT_EQ(core->held_pulls(), 1u);
+  // Worker 1 ticks: its tick is answered, and worker 0's pull released.
+  std::vector<Outgoing> out = Send(*core, "w1", ClockTick(4, 1, 1));
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].peer, "w1");
+  EXPECT_EQ(ReplyHeader(out[0].frames).get().getBody().which(), wire::Header::Body::CLOCK_REPLY);
+  EXPECT_EQ(out[1].peer, "w0");
+  auto reply = ReplyHeader(out[1].frames);
+  ASSERT_EQ(reply.get().getBody().which(), wire::Header::Body::PULL_REPLY);
+  EXPECT_EQ(reply.get().getRequestId(), 3u);
+  EXPECT_EQ(reply.get().getBody().getPullReply().getClockLag(), 0);
+  EXPECT_EQ(core->held_pulls(), 0u);
+  EXPECT_EQ(core->stats().pulls_held, 1u);
+}
+
+TEST(StalenessTest, SspLetsAWorkerRunAheadByTheBoundOnly) {
+  auto core = MakeCore({{"staleness", "2"}});
+  // Worker 1 stays at clock 0. Worker 0 may pull at clocks 0, 1, 2 but not 3.
+  for (int c = 1; c <= 2; ++c) {
+    ASSERT_EQ(Send(*core, "w0", ClockTick(10 + c, 0, c)).size(), 1u);
+    std::vector<Outgoing> out = Send(*core, "w0", RangePull(20 + c, 0, 0, 4, 0, c));
+    ASSERT_EQ(out.size(), 1u) << "clock " << c;
+    EXPECT_EQ(ReplyHeader(out[0].frames).get().getBody().getPullReply().getClockLag(), c);
+  }
+  ASSERT_EQ(Send(*core, "w0", ClockTick(13, 0, 3)).size(), 1u);
+  EXPECT_TRUE(Send(*core, "w0", RangePull(23, 0, 0, 4, 0, 3)).empty());
+  EXPECT_EQ(core->stats().max_clock_lag, 2);
+  // A tick of the slow worker to 1 releases it (lag 2 again).
+  std::vector<Outgoing> out = Send(*core, "w1", ClockTick(30, 1, 1));
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(ReplyHeader(out[1].frames).get().getBody().getPullReply().getClockLag(), 2);
+  EXPECT_LE(core->stats().max_clock_lag, 2);
+}
+
+TEST(StalenessTest, AspNeverHolds) {
+  auto core = MakeCore({{"staleness", "-1"}});
+  ASSERT_EQ(Send(*core, "w0", ClockTick(1, 0, 100)).size(), 1u);
+  ASSERT_EQ(Send(*core, "w0", RangePull(2, 0, 0, 4, 0, 100)).size(), 1u);
+  EXPECT_EQ(core->stats().pulls_held, 0u);
+}
+
+TEST(StalenessTest, PerTableBoundsOverrideTheJobBound) {
+  auto core = MakeCore({{"staleness", "0"}, {"table_staleness", "b:-1"}});
+  ASSERT_EQ(Send(*core, "w0", ClockTick(1, 0, 1)).size(), 1u);
+  EXPECT_TRUE(Send(*core, "w0", RangePull(2, 0, 0, 4, 0, 1)).empty());  // a: BSP
+  EXPECT_EQ(Send(*core, "w0", RangePull(3, 1, 0, 4, 0, 1)).size(), 1u);  // b: ASP
+}
+
+TEST(StalenessTest, AWorkerThatLeavesIsNotWaitedOn) {
+  auto core = MakeCore({{"staleness", "0"}});
+  ASSERT_EQ(Send(*core, "w0", ClockTick(1, 0, 5)).size(), 1u);
+  EXPECT_TRUE(Send(*core, "w0", RangePull(2, 0, 0, 4, 0, 5)).empty());
+  std::vector<Outgoing> out = Send(*core, "w1", ClockTick(3, 1, 0, /*leave=*/true));
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(ReplyHeader(out[1].frames).get().getRequestId(), 2u);
+}
+
+TEST(StalenessTest, AHeldPullTimesOutNamingTheWorkerItWaitsOn) {
+  auto core = MakeCore({{"staleness", "0"}, {"staleness_wait_seconds", "5"}});
+  ASSERT_EQ(Send(*core, "w0", ClockTick(1, 0, 1)).size(), 1u);
+  EXPECT_TRUE(Send(*core, "w0", RangePull(7, 0, 0, 4, 0, 1)).empty());
+  std::vector<Outgoing> out;
+  core->ExpireHeldPulls(ServerCore::Clock::now() + std::chrono::seconds(1), &out);
+  EXPECT_TRUE(out.empty()) << "expired before its time";
+  core->ExpireHeldPulls(ServerCore::Clock::now() + std::chrono::seconds(6), &out);
+  ASSERT_EQ(out.size(), 1u);
+  Status s = ReplyStatus(out[0].frames);
+  EXPECT_EQ(s.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(s.message().find("for worker 1"), std::string::npos) << s.message();
+  EXPECT_EQ(ReplyHeader(out[0].frames).get().getRequestId(), 7u);
+  EXPECT_EQ(core->held_pulls(), 0u);
+}
+
+TEST(StalenessTest, BadPullsAreRefusedRatherThanHeld) {
+  auto core = MakeCore({{"staleness", "0"}});
+  ASSERT_EQ(Send(*core, "w0", ClockTick(1, 0, 1)).size(), 1u);
+  auto out = Send(*core, "w0", RangePull(2, 0, 0, 9, 0, 1));  // rows past the table
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(ReplyStatus(out[0].frames).code(), StatusCode::kInvalidArgument);
+  out = Send(*core, "x", RangePull(3, 0, 0, 4, /*worker=*/7, 0));  // not a worker of the job
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_NE(ReplyStatus(out[0].frames).message().find("not a worker"), std::string::npos);
+  out = Send(*core, "x", ClockTick(4, 9, 1));
+  EXPECT_EQ(ReplyStatus(out[0].frames).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(core->held_pulls(), 0u);
+}
+
+TEST(StalenessTest, GradientStalenessIsVersionsSinceThePull) {
+  auto core = MakeCore({});
+  std::vector<float> g(8, 1.0f);
+  // Three pushes computed from version 0: staleness 0, 1, 2.
+  for (uint64_t i = 0; i < 3; ++i) {
+    auto out = Send(*core, "w0", VersionedPush(i, 0, 0, 4, g, 0, 0, 0));
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_EQ(ReplyHeader(out[0].frames).get().getBody().getPushReply().getStaleness(), i);
+  }
+  auto pull = Send(*core, "w0", RangePull(9, 0, 0, 4));
+  EXPECT_EQ(ReplyHeader(pull[0].frames).get().getBody().getPullReply().getVersion(), 3u);
+  ServerStats st = core->stats();
+  EXPECT_EQ(st.staleness_max, 2u);
+  EXPECT_EQ(st.staleness_sum, 3u);
+  EXPECT_EQ(st.staleness_histogram[0], 1u);
+  EXPECT_EQ(st.staleness_histogram[2], 1u);
+  // A version from the future is refused.
+  auto bad = Send(*core, "w0", VersionedPush(10, 0, 0, 4, g, 0, 0, 99));
+  EXPECT_EQ(ReplyStatus(bad[0].frames).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(StalenessTest, TooStaleGradientsAreDroppedUnderAsp) {
+  auto core = MakeCore({{"staleness", "-1"}, {"max_grad_staleness", "1"}});
+  std::vector<float> g(8, 1.0f);
+  for (uint64_t i = 0; i < 3; ++i) (void)Send(*core, "w0", VersionedPush(i, 0, 0, 4, g, 0, 0, 0));
+  auto out = Send(*core, "w0", VersionedPush(5, 0, 0, 4, g, 0, 0, 0));  // staleness 2 > 1
+  auto reply = ReplyHeader(out[0].frames);
+  EXPECT_TRUE(reply.get().getBody().getPushReply().getDropped());
+  ServerStats st = core->stats();
+  EXPECT_EQ(st.pushes_dropped, 2u);  // the third (staleness 2) and this one
+  EXPECT_EQ(st.pushes_applied, 2u);
+  EXPECT_EQ(core->ReadRow(0, 0).value()[0], -2.0f);
+}
+
+TEST(StalenessTest, StalenessAwareLearningRateDividesByStaleness) {
+  auto core = MakeCore({{"staleness_lr", "inverse"}, {"base_lr", "0.5"}});
+  std::vector<float> g(8, 1.0f);
+  std::vector<double> rates;
+  for (uint64_t i = 0; i < 4; ++i) {
+    auto out = Send(*core, "w0", VersionedPush(i, 0, 0, 4, g, 0, 0, 0));
+    rates.push_back(ReplyHeader(out[0].frames).get().getBody().getPushReply().getLearningRate());
+  }
+  EXPECT_DOUBLE_EQ(rates[0], 0.5);  // staleness 0 counts as 1
+  EXPECT_DOUBLE_EQ(rates[1], 0.5);
+  EXPECT_DOUBLE_EQ(rates[2], 0.25);
+  EXPECT_FLOAT_EQ(static_cast<float>(rates[3]), 0.5f / 3);
+  EXPECT_FLOAT_EQ(core->ReadRow(0, 0).value()[0], -(0.5f + 0.5f + 0.25f + 0.5f / 3));
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,183 @@
+// The training loop against in-process servers: with one worker and staleness 0 it is
+// plain sequential SGD on the same data order, to the last bit; its reports carry the
+// figures the coordinator needs; a worker that finishes leaves the clock table.
+#include "worker/trainer.h"
+
+#include <cstring>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "common/shard_map.h"
+#include "tests/worker/in_process_cluster.h"
+
+namespace ps {
+namespace {
+
+// A small synthetic image set: 28x28 "images" whose label is decided by a few pixels, so
+// training makes progress.
+ImageDataset MakeImages(int64_t count, uint64_t seed) {
+  ImageDataset d;
+  d.count = count;
+  d.rows = 28;
+  d.cols = 28;
+  d.pixels.resize(static_cast<size_t>(count) * 784);
+  d.labels.resize(static_cast<size_t>(count));
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  for (int64_t i = 0; i < count; ++i) {
+    int label = static_cast<int>(rng() % 10);
+    d.labels[static_cast<size_t>(i)] = label;
+    float* p = d.pixels.data() + i * 784;
+    for (int j = 0; j < 784; ++j) p[j] = 0.2f * u(rng);
+    for (int j = 0; j < 20; ++j) p[label * 70 + j] += 0.8f;
+  }
+  return d;
+}
+
+class CollectingSink : public ProgressSink {
+ public:
+  Status Report(const nlohmann::json& line) override {
+    lines.push_back(line);
+    return Status::Ok();
+  }
+  std::vector<nlohmann::json> lines;
+};
+
+JobConfig Config(int staleness, int workers) {
+  return JobConfig::FromFlagMap({{"model", "mlp"},
+                                 {"mlp_layers", "784,16,10"},
+                                 {"num_servers", "2"},
+                                 {"num_workers", std::to_string(workers)},
+                                 {"staleness", std::to_string(staleness)},
+                                 {"epochs", "2"},
+                                 {"batch_size", "32"},
+                                 {"base_lr", "0.1"},
+                                 {"report_every_seconds", "0.000001"}})
+      .value();
+}
+
+TEST(TrainingLoopTest, OneWorkerUnderBspIsSequentialSgdToTheLastBit) {
+  const JobConfig config = Config(0, 1);
+  const ImageDataset train = MakeImages(300, 1);  // 300/32: the last batch is partial
+  const ImageDataset test = MakeImages(100, 2);
+  Transport transport;
+  testing::InProcessCluster cluster(&transport, config);
+  auto kernels = MakeKernels("cpu").value();
+  MlpShape shape{{784, 16, 10}};
+  auto mlp = Mlp::Create(shape, kernels.get(), config.batch_size).value();
+  auto client = KVClient::Create(&transport, config, cluster.endpoints(), {}).value();
+  CollectingSink sink;
+  TrainingLoop loop(config, 0, kernels.get(), client.get(), mlp.get(), train, test, &sink);
+  std::atomic<bool> stop{false};
+  ASSERT_TRUE(loop.Run(stop).ok());
+  ASSERT_TRUE(loop.Evaluate().ok());  // pulls the final model into loop.params()
+
+  // The same computation in one process: initial rows as the servers make them, the same
+  // batches, w -= lr * g in float.
+  std::vector<std::vector<float>> w;
+  for (size_t i = 0; i < 4; ++i) {
+    const TableSpec& t = config.table_specs[i];
+    w.emplace_back(t.rows * t.width);
+    for (uint64_t r = 0; r < t.rows; ++r) {
+      InitializeRow(t, config.seed, r, std::span<float>(w[i].data() + r * t.width, t.width));
+    }
+  }
+  std::vector<std::vector<float>> g;
+  for (auto& v : w) g.emplace_back(v.size());
+  auto ref_mlp = Mlp::Create(shape, kernels.get(), config.batch_size).value();
+  const float lr = static_cast<float>(config.base_lr);
+  std::vector<float> x(32 * 784);
+  std::vector<int32_t> y(32);
+  for (int epoch = 1; epoch <= config.epochs; ++epoch) {
+    std::vector<int64_t> order = EpochShare(config.seed, epoch, train.count, 0, 1);
+    for (size_t b = 0; b < order.size(); b += 32) {
+      int n = static_cast<int>(std::min<size_t>(32, order.size() - b));
+      for (int i = 0; i < n; ++i) {
+        std::memcpy(x.data() + i * 784, train.pixels.data() + order[b + i] * 784, 784 * 4);
+        y[i] = train.labels[order[b + i]];
+      }
+      std::vector<const float*> params;
+      std::vector<float*> grads;
+      for (size_t i = 0; i < 4; ++i) {
+        params.push_back(w[i].data());
+        grads.push_back(g[i].data());
+      }
+      BatchResult r;
+      ASSERT_TRUE(ref_mlp->ForwardBackward(x.data(), y.data(), n, params, grads, &r).ok());
+      for (size_t i = 0; i < 4; ++i) {
+        for (size_t j = 0; j < w[i].size(); ++j) w[i][j] -= lr * g[i][j];
+      }
+    }
+  }
+  for (size_t i = 0; i < 4; ++i) {
+    ASSERT_EQ(loop.params()[i].size(), w[i].size());
+    EXPECT_EQ(std::memcmp(loop.params()[i].data(), w[i].data(), w[i].size() * sizeof(float)), 0)
+        << "table " << config.table_specs[i].name << " differs from sequential SGD";
+  }
+  // The model moved, so the comparison is not trivially between two initial states.
+  std::vector<float> init(config.table_specs[0].width);
+  InitializeRow(config.table_specs[0], config.seed, 0, init);
+  EXPECT_NE(std::memcmp(init.data(), w[0].data(), init.size() * sizeof(float)), 0);
+
+  // Reports: train lines with the figures the coordinator aggregates.
+  int train_lines = 0, eval_lines = 0;
+  for (const auto& line : sink.lines) {
+    if (line["kind"] == "train") {
+      ++train_lines;
+      EXPECT_TRUE(line.contains("wait_seconds"));
+      EXPECT_TRUE(line.contains("clock_lag_max"));
+      EXPECT_DOUBLE_EQ(line["lr"].get<double>(), static_cast<double>(lr));
+    }
+    if (line["kind"] == "eval") ++eval_lines;
+  }
+  EXPECT_GT(train_lines, 0);
+  EXPECT_EQ(eval_lines, 1);  // after epoch 1; the final one is the caller's
+  nlohmann::json totals = loop.Totals();
+  EXPECT_EQ(totals["examples"].get<int64_t>(), 600);
+  EXPECT_EQ(totals["steps"].get<int64_t>(), 20);
+  EXPECT_EQ(totals["clock"].get<int64_t>(), 20);
+}
+
+// Two workers under BSP, one 4x slower: the fast one is held (waits), never more than one
+// clock ahead, and both finish.
+TEST(TrainingLoopTest, BspMakesTheFastWorkerWaitForTheSlowOne) {
+  const JobConfig config = Config(0, 2);
+  const ImageDataset train = MakeImages(256, 3);
+  const ImageDataset test = MakeImages(64, 4);
+  Transport transport;
+  testing::InProcessCluster cluster(&transport, config);
+  std::vector<nlohmann::json> totals(2);
+  std::vector<Status> results(2);
+  std::vector<CollectingSink> sinks(2);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      auto kernels = MakeKernels("cpu").value();
+      auto mlp = Mlp::Create(MlpShape{{784, 16, 10}}, kernels.get(), config.batch_size).value();
+      KVClientOptions o;
+      o.client_id = w;
+      auto client = KVClient::Create(&transport, config, cluster.endpoints(), o).value();
+      TrainingLoop loop(config, w, kernels.get(), client.get(), mlp.get(), train, test,
+                        &sinks[static_cast<size_t>(w)], w == 1 ? 4.0 : 1.0);
+      std::atomic<bool> stop{false};
+      results[static_cast<size_t>(w)] = loop.Run(stop);
+      totals[static_cast<size_t>(w)] = loop.Totals();
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(results[0].ok()) << results[0].ToString();
+  ASSERT_TRUE(results[1].ok()) << results[1].ToString();
+  EXPECT_GT(totals[0]["wait_seconds"].get<double>(), 0.0);
+  for (const auto& line : sinks[0].lines) {
+    if (line["kind"] == "train") {
+      EXPECT_LE(line["clock_lag_max"].get<int64_t>(), 0);
+    }
+  }
+  ServerStats st = cluster.core(0).stats();
+  EXPECT_LE(st.max_clock_lag, 0);
+  EXPECT_GT(st.pulls_held, 0u);
+}
+
+}  // namespace
+}  // namespace ps
