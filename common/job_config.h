@@ -80,8 +80,9 @@ struct JobConfig {
 
   // ---- learning rate (Caffe's names) ----
   double base_lr = 0.1;
-  // fixed | step | multistep | exp | inv | poly | cosine. The iteration is the pushing
-  // worker's clock (its completed steps).
+  // fixed | step | multistep | exp | inv | poly | cosine. The iteration counts minibatch
+  // updates across the job: the pushing worker's clock times num_workers, so a schedule
+  // reads the same whatever the number of workers (an epoch is examples / batch_size).
   std::string lr_policy = "fixed";
   double gamma = 0.1;          // step, multistep, exp, inv
   int64_t stepsize = 1000;     // step: lr = base_lr * gamma ^ floor(iter / stepsize)

@@ -108,7 +108,7 @@ struct RegisterReply {
 struct Push {
   tableId @0 :UInt32;
   keys @1 :Keys;
-  clock @2 :Int64;            # the pushing worker's clock: the learning-rate schedule's iteration
+  clock @2 :Int64;            # the pushing worker's clock (x num_workers: the schedule's iteration)
   pulledVersion @3 :UInt64;   # the shard version the gradient was computed from
 }
 

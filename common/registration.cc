@@ -42,7 +42,14 @@ Result<Registration> RegisterWithCoordinator(Transport* transport,
     out.id = static_cast<int>(r.getId());
     std::map<std::string, std::string> flags;
     for (auto kv : r.getConfig()) flags[kv.getKey().cStr()] = kv.getValue().cStr();
-    PS_ASSIGN_OR_RETURN(out.config, JobConfig::FromFlagMap(flags));
+    Result<JobConfig> config = JobConfig::FromFlagMap(flags);
+    if (!config.ok()) {
+      // The coordinator validated these; failing here means the builds differ.
+      return config.status().WithContext(
+          "the coordinator's job config does not parse here (are the coordinator and this "
+          "process built from the same version?)");
+    }
+    out.config = std::move(config).value();
     out.shard_map_version = r.getShardMap().getVersion();
     for (auto s : r.getShardMap().getServers()) out.server_endpoints.push_back(s.getEndpoint().cStr());
   } catch (const kj::Exception& e) {

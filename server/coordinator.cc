@@ -150,8 +150,9 @@ class CoordinatorJob {
         if (reg.getRole() == wire::Role::SERVER) {
           if (static_cast<int>(servers_.size()) >= config_.num_servers) {
             ReplyError(in->peer, m.register_request,
-                       FailedPrecondition("the job already has its " +
-                                          std::to_string(config_.num_servers) + " servers"));
+                       FailedPrecondition("the job is full: it has all " +
+                                          std::to_string(config_.num_servers) +
+                                          " of its servers (--num_servers)"));
             continue;
           }
           Status ep = ValidateEndpoint(m.endpoint);
@@ -165,8 +166,9 @@ class CoordinatorJob {
         } else if (reg.getRole() == wire::Role::WORKER) {
           if (static_cast<int>(workers_.size()) >= config_.num_workers) {
             ReplyError(in->peer, m.register_request,
-                       FailedPrecondition("the job already has its " +
-                                          std::to_string(config_.num_workers) + " workers"));
+                       FailedPrecondition("the job is full: it has all " +
+                                          std::to_string(config_.num_workers) +
+                                          " of its workers (--num_workers)"));
             continue;
           }
           LOG(INFO) << "worker " << workers_.size() << " registered: " << m.device << " (pid "

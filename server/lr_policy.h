@@ -1,4 +1,4 @@
-// The learning rate of one pushed gradient: a schedule over the pushing worker's clock
+// The learning rate of one pushed gradient: a schedule over the job's minibatch updates
 // (Caffe's solver policies plus cosine, with an optional linear warmup), divided by the
 // gradient's staleness when --staleness_lr asks for it.
 //
@@ -30,7 +30,7 @@ class LrPolicy {
   // is an InvalidArgument.
   static Result<LrPolicy> Create(const JobConfig& config);
 
-  // The schedule's rate at `iteration` (the pushing worker's clock, >= 0; a negative one
+  // The schedule's rate at `iteration` (minibatch updates so far, >= 0; a negative one
   // counts as 0), warmup included: for iter < warmup_iters the rate is
   // schedule(iter) * (iter + 1) / warmup_iters, so that iteration 0 already takes a step
   // (1/warmup_iters of the rate) and iteration warmup_iters - 1 takes the full one.

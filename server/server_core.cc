@@ -151,7 +151,10 @@ Result<Frames> ServerCore::HandlePush(wire::Header::Reader h, const Frames& requ
     return out;
   }
   // Checked in full; now apply.
-  const float lr = static_cast<float>(lr_policy_.Rate(clock, static_cast<int64_t>(staleness)));
+  // The schedule counts minibatch updates across the job: each of the W workers makes one
+  // per clock, so it reads the same whatever W is.
+  const int64_t iteration = clock * config_.num_workers;
+  const float lr = static_cast<float>(lr_policy_.Rate(iteration, static_cast<int64_t>(staleness)));
   const size_t state_floats = a.table->stride() - width;
   for (size_t i = 0; i < a.rows; ++i) {
     uint64_t key = a.is_range ? a.range.begin + i : a.keys[i];

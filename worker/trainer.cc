@@ -6,6 +6,7 @@
 #include <thread>
 
 #include <glog/logging.h>
+#include <kj/exception.h>
 
 #include "common/registration.h"
 #include "common/shard_map.h"
@@ -57,6 +58,19 @@ Status SendDone(ClientSocket& coordinator, int worker_id, const json& totals, co
     if (!reply.ok()) {
       if (reply.status().code() == StatusCode::kDeadlineExceeded) continue;
       return reply.status();
+    }
+    if (reply->empty()) return Internal("empty answer to done");
+    PS_ASSIGN_OR_RETURN(DecodedHeader h, DecodedHeader::Decode((*reply)[0]));
+    try {
+      auto body = h.get().getBody();
+      if (body.which() == wire::Header::Body::ERROR) {
+        return StatusFromError(body.getError()).WithContext("the coordinator refused done");
+      }
+      if (body.which() != wire::Header::Body::DONE_REPLY) {
+        return Internal("the coordinator answered done with another message type");
+      }
+    } catch (const kj::Exception& e) {
+      return Internal(std::string("malformed answer to done: ") + e.getDescription().cStr());
     }
     return Status::Ok();
   }

@@ -1,0 +1,152 @@
+// What the multi-process tests share: the worker's side of the coordinator protocol (as
+// worker/trainer.cc speaks it) for workers played by test threads, and a fixture that
+// starts real ps_coordinator / ps_server processes in a scratch directory and prints
+// their logs when a test fails.
+#pragma once
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/registration.h"
+#include "common/wire.h"
+#include "tests/integration/process.h"
+
+namespace ps::itest {
+
+using nlohmann::json;
+using SteadyClock = std::chrono::steady_clock;
+
+// Every test finishes well inside this; each wait below is bounded by it.
+constexpr std::chrono::seconds kTestTimeout{45};
+
+inline std::chrono::milliseconds TimeLeft(Deadline deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+  return std::max(left, std::chrono::milliseconds(1));
+}
+
+// ---- the worker's side of the coordinator protocol (as worker/trainer.cc speaks it) ----
+
+inline Frames OneFrame(capnp::MallocMessageBuilder& b) {
+  Frames f;
+  f.push_back(EncodeFrame(b));
+  return f;
+}
+
+// A Register header as a worker sends it, with any protocol version.
+inline Frames WorkerRegisterFrames(uint32_t protocol_version, uint64_t request_id,
+                            const std::string& device) {
+  capnp::MallocMessageBuilder b;
+  auto h = NewHeader(b, request_id, -1);
+  h.setProtocolVersion(protocol_version);
+  auto reg = h.getBody().initRegister();
+  reg.setRole(wire::Role::WORKER);
+  reg.setDevice(device);
+  reg.setHost("localhost");
+  reg.setPid(static_cast<uint32_t>(getpid()));
+  return OneFrame(b);
+}
+
+// Sends a request on a socket with nothing else in flight and checks that the reply is
+// `expected` (an `error` reply is its Status).
+inline Status CallExpecting(ClientSocket& socket, Frames request, wire::Header::Body::Which expected,
+                     Deadline deadline) {
+  PS_ASSIGN_OR_RETURN(CallReply reply, Call(socket, std::move(request), TimeLeft(deadline)));
+  if (reply.header.get().getBody().which() != expected) {
+    return Internal("the coordinator answered with an unexpected message type");
+  }
+  return Status::Ok();
+}
+
+// One line of metrics.jsonl; the final eval report ends the job.
+inline Status SendReport(ClientSocket& coordinator, int worker_id, const json& report, Deadline deadline) {
+  capnp::MallocMessageBuilder b;
+  NewHeader(b, 11, worker_id).getBody().initReport().setJson(report.dump());
+  return CallExpecting(coordinator, OneFrame(b), wire::Header::Body::REPORT_REPLY, deadline);
+}
+
+// Tells the coordinator this worker is done (or failed) and waits for every worker to be:
+// the coordinator answers only then.
+inline Status SendDone(ClientSocket& coordinator, int worker_id, const Status& outcome,
+                Deadline deadline) {
+  capnp::MallocMessageBuilder b;
+  auto done = NewHeader(b, 12, worker_id).getBody().initDone();
+  done.setJson(json({{"examples", 0}, {"device", "test thread"}, {"seconds", 0}}).dump());
+  done.setFailed(!outcome.ok());
+  done.setMessage(outcome.ToString());
+  return CallExpecting(coordinator, OneFrame(b), wire::Header::Body::DONE_REPLY, deadline);
+}
+
+inline json FinalEvalReport() {
+  return {{"kind", "eval"}, {"final", true}, {"epoch", 1}, {"test_accuracy", 0}, {"test_loss", 0}};
+}
+
+// ---- the fixture: a scratch dir, the processes' command lines, logs on failure ----
+
+class JobTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    if (!HasFailure()) return;
+    // The processes are gone by now (the test body's ChildProcess objects killed them);
+    // their logs say why the test failed.
+    std::error_code ec;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir_.path(), ec)) {
+      if (e.path().extension() != ".log") continue;
+      std::cerr << "---- last lines of " << e.path().string() << " ----\n"
+                << TailOfFile(e.path().string(), 40);
+    }
+  }
+
+  // Starts ps_coordinator on a free port and waits for its endpoint.
+  Result<ChildProcess> StartCoordinator(const std::vector<std::string>& job_flags,
+                                        Deadline deadline, std::string* endpoint) {
+    std::vector<std::string> argv = {
+        BinaryPath("ps_coordinator"),  "--listen=tcp://127.0.0.1:*",
+        "--endpoint_file=" + dir_.Join("ep"), "--run_dir=" + RunDir(),
+        "--progress_every_seconds=0",         "--register_timeout_ms=30000"};
+    argv.insert(argv.end(), job_flags.begin(), job_flags.end());
+    PS_ASSIGN_OR_RETURN(ChildProcess c, ChildProcess::Spawn(argv, dir_.Join("coordinator.log")));
+    PS_RETURN_IF_ERROR(WaitForFile(dir_.Join("ep"), deadline, &c));
+    PS_ASSIGN_OR_RETURN(std::string text, ReadFile(dir_.Join("ep")));
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+    *endpoint = text;
+    return c;
+  }
+
+  Result<ChildProcess> StartServer(int i, const std::string& coordinator) {
+    return ChildProcess::Spawn({BinaryPath("ps_server"), "--coordinator=" + coordinator,
+                                "--listen=tcp://127.0.0.1:*", "--register_timeout_ms=30000"},
+                               dir_.Join("server-" + std::to_string(i) + ".log"));
+  }
+
+  // Fails the test unless `p` exits with status 0 before `deadline`; the test goes on, so
+  // that every process's outcome is reported.
+  void ExpectCleanExit(ChildProcess& p, const std::string& name, Deadline deadline) {
+    Result<int> rc = p.WaitExit(deadline);
+    ASSERT_TRUE(rc.ok()) << name << ": " << rc.status().ToString();
+    EXPECT_EQ(*rc, 0) << name << " exited with status " << *rc;
+  }
+
+  Result<json> ReadSummary() {
+    PS_ASSIGN_OR_RETURN(std::string text, ReadFile(RunDir() + "/summary.json"));
+    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      return InvalidArgument("summary.json is not a JSON object");
+    }
+    return j;
+  }
+
+  std::string RunDir() const { return dir_.Join("run"); }
+
+  TempDir dir_{"ps_job_test_"};
+};
+
+}  // namespace ps::itest
