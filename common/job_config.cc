@@ -105,7 +105,18 @@ const std::vector<Field>& Fields() {
       IntField("max_grad_staleness", &JobConfig::max_grad_staleness, -1, 1000000000),
       DoubleField("staleness_wait_seconds", &JobConfig::staleness_wait_seconds, 0, 1e7, true),
       IntField("epochs", &JobConfig::epochs, 1, 100000),
-      IntField("batch_size", &JobConfig::batch_size, 1, 1 << 20),
+      Field{"batch_size",
+            [](JobConfig& c, const std::string& v) -> Status {
+              c.auto_batch = v == "auto";
+              if (c.auto_batch) return Status::Ok();  // the average stays at its default
+              PS_ASSIGN_OR_RETURN(int64_t x, ParseInt("batch_size", v, 1, 1 << 16));
+              c.batch_size = static_cast<int>(x);
+              return Status::Ok();
+            },
+            [](const JobConfig& c) {
+              return c.auto_batch ? std::string("auto") : std::to_string(c.batch_size);
+            }},
+      IntField("chunk_examples", &JobConfig::chunk_examples, 1, 1 << 24),
       StringField("optimizer", &JobConfig::optimizer,
                   {"sgd", "momentum", "nesterov", "adagrad", "adam", "adamw"}),
       DoubleField("momentum", &JobConfig::momentum, 0, 1, false),

@@ -63,7 +63,13 @@ struct JobConfig {
 
   // ---- training ----
   int epochs = 5;
-  int batch_size = 64;        // examples per worker step
+  // Examples per worker step. --batch_size=auto sets auto_batch: each worker's batch then
+  // follows its measured throughput (batch_size on average), so that workers of different
+  // speeds tick their clocks at the same pace.
+  int batch_size = 64;
+  bool auto_batch = false;
+  // Examples per data lease: workers lease chunks of each epoch from the coordinator.
+  int chunk_examples = 2048;
 
   // ---- optimizer (applied on the servers) ----
   // sgd | momentum | nesterov | adagrad | adam | adamw

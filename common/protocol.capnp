@@ -79,8 +79,38 @@ struct Header {
     heartbeat @16 :Void;
     heartbeatReply @17 :Void;
     clock @18 :ClockTick;       # worker -> every server, after the clock's pushes
-    clockReply @19 :Void;
+    clockReply @19 :ClockReply;
+    lease @20 :LeaseRequest;    # worker -> coordinator
+    leaseReply @21 :LeaseReply;
   }
+}
+
+struct ClockReply {
+  minClock @0 :Int64;   # the slowest live worker's clock (a rejoining worker starts there)
+}
+
+# A worker asks for its next chunk of training data, reporting the one it finished.
+struct LeaseRequest {
+  datasetSize @0 :UInt64;       # training examples the worker has (all must agree)
+  completedEpoch @1 :Int32;     # 0: none finished
+  completedChunk @2 :UInt64;
+  examplesPerSec @3 :Float64;   # the worker's compute throughput, for --batch_size=auto
+  wait @4 :Bool;                # hold the answer until there is work or the job is over
+}
+
+struct LeaseReply {
+  union {
+    chunk :group {
+      epoch @0 :Int32;
+      index @1 :UInt64;
+      begin @2 :UInt64;         # positions in the epoch's example order
+      end @3 :UInt64;
+    }
+    wait @4 :Void;              # nothing to hand out now; ask again with wait = true
+    finished @5 :Void;          # every epoch is done
+  }
+  batchSize @6 :UInt32;         # the batch this worker should use (--batch_size=auto)
+  evaluateEpoch @7 :Int32;      # worker 0: evaluate the model now for this epoch (0: no)
 }
 
 # A worker finished clock `clock` (it has completed that many steps), or leaves the clock

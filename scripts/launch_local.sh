@@ -81,6 +81,7 @@ pids=()
 names=()
 stop_all() {
   local pid
+  [ -n "${console:-}" ] && kill "$console" 2>/dev/null
   for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
   local deadline=$((SECONDS + 5))
   for pid in "${pids[@]}"; do
@@ -99,9 +100,12 @@ echo "run directory: $run_dir"
 "$bin/ps_coordinator" --flagfile="$flagfile" --num_servers="$servers" --num_workers="$workers" \
   --listen='tcp://127.0.0.1:*' --endpoint_file="$run_dir/coordinator.endpoint" \
   --run_dir="$run_dir" "${extra[@]}" \
-  > >(tee "$run_dir/logs/coordinator.out") 2>"$run_dir/logs/coordinator.log" &
+  >"$run_dir/logs/coordinator.out" 2>"$run_dir/logs/coordinator.log" &
 coord=$!
 pids+=("$coord"); names+=(coordinator)
+# The console shows the coordinator's progress; tail ends once the coordinator has.
+tail -n +1 -f --pid="$coord" "$run_dir/logs/coordinator.out" &
+console=$!
 
 deadline=$((SECONDS + 30))
 while [ ! -s "$run_dir/coordinator.endpoint" ]; do
@@ -155,6 +159,7 @@ while true; do
     exit "$status"
   fi
 done
+wait "$console" 2>/dev/null
 if [ -f "$run_dir/summary.json" ]; then
   echo "summary: $run_dir/summary.json"
 fi

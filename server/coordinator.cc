@@ -12,6 +12,7 @@
 
 #include "common/run_files.h"
 #include "common/wire.h"
+#include "common/lease_table.h"
 
 namespace ps {
 namespace {
@@ -39,7 +40,10 @@ struct WorkerResult {
 class CoordinatorJob {
  public:
   CoordinatorJob(const JobConfig& config, const CoordinatorOptions& options, Transport* transport)
-      : config_(config), options_(options), transport_(transport) {}
+      : config_(config),
+        options_(options),
+        transport_(transport),
+        leases_(config.epochs, static_cast<uint64_t>(config.chunk_examples)) {}
 
   Status Run(const std::atomic<bool>& stop) {
     PS_RETURN_IF_ERROR(MakeDirs(options_.run_dir));
@@ -207,6 +211,7 @@ class CoordinatorJob {
     for (uint32_t i = 0; i < servers_.size(); ++i) PS_RETURN_IF_ERROR(reply_to(servers_[i], i));
     for (uint32_t i = 0; i < workers_.size(); ++i) PS_RETURN_IF_ERROR(reply_to(workers_[i], i));
     results_.resize(workers_.size());
+    rates_.assign(workers_.size(), 0.0);
     train_start_ = Clock::now();
     std::printf("job assembled: %d servers, %d workers; training %d epochs\n", config_.num_servers,
                 config_.num_workers, config_.epochs);
@@ -270,7 +275,15 @@ class CoordinatorJob {
             r.done_request = rid;
             json totals = json::parse(done.getJson().cStr(), nullptr, false);
             if (totals.is_object()) r.totals = totals;
-            if (r.failed) LOG(ERROR) << "worker " << w << " failed: " << r.message;
+            if (r.failed) {
+              LOG(ERROR) << "worker " << w << " failed: " << r.message;
+              // Its unfinished chunks go back to the queue for the others.
+              int returned = leases_.Release(w);
+              if (returned > 0) {
+                LOG(INFO) << "returned " << returned << " chunks of worker " << w;
+                PS_RETURN_IF_ERROR(AnswerHeldLeases());
+              }
+            }
             bool all_done = true;
             for (const WorkerResult& x : results_) all_done &= x.done;
             if (all_done && !barrier_released) {
@@ -295,6 +308,9 @@ class CoordinatorJob {
             PS_RETURN_IF_ERROR(Send(in->peer, b));
             break;
           }
+          case wire::Header::Body::LEASE:
+            PS_RETURN_IF_ERROR(OnLease(in->peer, w, rid, header.getBody().getLease()));
+            break;
           default:
             ReplyError(in->peer, rid, InvalidArgument("the coordinator does not handle this "
                                                       "message type during training"));
@@ -311,6 +327,80 @@ class CoordinatorJob {
       }
     }
     return Status::Ok();
+  }
+
+  // A worker finished a chunk and/or wants the next one.
+  Status OnLease(const std::string& peer, int w, uint64_t rid, wire::LeaseRequest::Reader req) {
+    Status size = leases_.SetDatasetSize(req.getDatasetSize());
+    if (!size.ok()) {
+      ReplyError(peer, rid, size);
+      return Status::Ok();
+    }
+    if (req.getCompletedEpoch() > 0) {
+      Status done = leases_.Complete(w, req.getCompletedEpoch(), req.getCompletedChunk());
+      if (!done.ok()) {
+        ReplyError(peer, rid, done);
+        return Status::Ok();
+      }
+      for (int e : leases_.TakeCompletedEpochs()) {
+        if (e < config_.epochs) evaluations_.push_back(e);  // the last one is the final eval
+      }
+    }
+    if (req.getExamplesPerSec() > 0) rates_[static_cast<size_t>(w)] = req.getExamplesPerSec();
+    held_leases_.push_back(HeldLease{peer, rid, w, req.getWait()});
+    return AnswerHeldLeases();
+  }
+
+  // Answers every lease request that can be answered now: with a chunk, with `finished`
+  // once every epoch is done, or (for a request that may not wait) with `wait`.
+  Status AnswerHeldLeases() {
+    for (auto it = held_leases_.begin(); it != held_leases_.end();) {
+      capnp::MallocMessageBuilder b;
+      auto reply = NewHeader(b, it->request_id, -1).getBody().initLeaseReply();
+      reply.setBatchSize(BatchSizeFor(it->worker));
+      if (it->worker == 0 && !evaluations_.empty()) {
+        reply.setEvaluateEpoch(evaluations_.front());
+        evaluations_.erase(evaluations_.begin());
+      }
+      if (std::optional<LeaseTable::Lease> lease = leases_.Acquire(it->worker)) {
+        auto chunk = reply.initChunk();
+        chunk.setEpoch(lease->epoch);
+        chunk.setIndex(lease->chunk);
+        chunk.setBegin(lease->begin);
+        chunk.setEnd(lease->end);
+      } else if (leases_.AllDone()) {
+        reply.setFinished();
+      } else if (!it->may_wait) {
+        reply.setWait();
+      } else {
+        ++it;  // held until a chunk comes back or the job is done
+        continue;
+      }
+      PS_RETURN_IF_ERROR(Send(it->peer, b));
+      it = held_leases_.erase(it);
+    }
+    return Status::Ok();
+  }
+
+  // --batch_size=auto: batches proportional to the workers' throughput, batch_size on
+  // average, so that every worker's clock ticks at about the same pace.
+  uint32_t BatchSizeFor(int w) const {
+    const double base = config_.batch_size;
+    if (!config_.auto_batch) return static_cast<uint32_t>(base);
+    double sum = 0;
+    int known = 0;
+    for (double r : rates_) {
+      if (r > 0) {
+        sum += r;
+        ++known;
+      }
+    }
+    const double mine = rates_[static_cast<size_t>(w)];
+    if (known < static_cast<int>(rates_.size()) || mine <= 0 || sum <= 0) {
+      return static_cast<uint32_t>(base);
+    }
+    const double b = base * known * mine / sum;
+    return static_cast<uint32_t>(std::clamp(b, 1.0, base * known));
   }
 
   void OnReport(const json& report) {
@@ -431,10 +521,14 @@ class CoordinatorJob {
                          {"steps", t.value("steps", int64_t{0})},
                          {"seconds", secs},
                          {"wait_seconds", t.value("wait_seconds", 0.0)},
+                         {"compute_seconds", t.value("compute_seconds", 0.0)},
+                         {"batch_size", t.value("batch_size", 0)},
                          {"examples_per_sec", secs > 0 ? n / secs : 0.0},
                          {"failed", i < results_.size() && results_[i].failed}});
     }
     summary["examples"] = examples;
+    summary["examples_per_epoch"] = leases_.examples_per_epoch();
+    summary["batch_size"] = config_.auto_batch ? json("auto") : json(config_.batch_size);
     summary["examples_per_sec"] = train_seconds > 0 ? examples / train_seconds : 0.0;
     uint64_t applied = 0, rejected = 0, dropped = 0, pushed = 0, pulled = 0, held = 0;
     uint64_t staleness_sum = 0, staleness_max = 0;
@@ -508,6 +602,18 @@ class CoordinatorJob {
   std::vector<Member> servers_, workers_;
   std::vector<WorkerResult> results_;
   Clock::time_point job_start_, train_start_;
+
+  // Data leases.
+  struct HeldLease {
+    std::string peer;
+    uint64_t request_id;
+    int worker;
+    bool may_wait;
+  };
+  LeaseTable leases_;
+  std::vector<HeldLease> held_leases_;
+  std::vector<double> rates_;      // workers' compute throughput, examples/s
+  std::vector<int> evaluations_;   // epochs worker 0 should evaluate
 
   // Progress, from workers' reports.
   uint64_t examples_total_ = 0;

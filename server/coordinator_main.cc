@@ -29,7 +29,9 @@ DEFINE_int32(max_grad_staleness, kDefaults.max_grad_staleness,
 DEFINE_double(staleness_wait_seconds, kDefaults.staleness_wait_seconds,
               "how long a server holds a blocked pull before failing it");
 DEFINE_int32(epochs, kDefaults.epochs, "passes over the training data");
-DEFINE_int32(batch_size, kDefaults.batch_size, "examples per worker step");
+DEFINE_string(batch_size, std::to_string(kDefaults.batch_size),
+              "examples per worker step, or 'auto': each worker's batch follows its throughput");
+DEFINE_int32(chunk_examples, kDefaults.chunk_examples, "examples per data lease");
 DEFINE_string(optimizer, kDefaults.optimizer, "sgd | momentum | nesterov | adagrad | adam | adamw");
 DEFINE_double(momentum, kDefaults.momentum, "momentum, nesterov: in [0, 1)");
 DEFINE_double(beta1, kDefaults.beta1, "adam, adamw: first-moment decay in [0, 1)");

@@ -287,12 +287,23 @@ Result<Frames> ServerCore::HandleClock(wire::Header::Reader h, std::vector<Outgo
     left_[w] = true;
   } else {
     if (tick.getClock() < 0) return InvalidArgument("negative clock " + std::to_string(tick.getClock()));
+    if (left_[w]) {
+      // Rejoining (after waiting for data): start at the slowest live clock, so that
+      // nobody waits on clocks this worker skipped while it was out.
+      const int64_t min_clock = MinLiveClock();
+      left_[w] = false;
+      if (min_clock != INT64_MAX) clocks_[w] = std::max(clocks_[w], min_clock);
+    }
     // Clocks only move forward; a repeated tick changes nothing.
     clocks_[w] = std::max(clocks_[w], tick.getClock());
   }
   // The tick's reply goes first: it answers the request that released the others.
   capnp::MallocMessageBuilder b;
-  NewHeader(b, h.getRequestId(), server_id_).getBody().setClockReply();
+  const int64_t min_clock = MinLiveClock();
+  NewHeader(b, h.getRequestId(), server_id_)
+      .getBody()
+      .initClockReply()
+      .setMinClock(min_clock == INT64_MAX ? clocks_[w] : min_clock);
   Frames reply;
   reply.push_back(EncodeFrame(b));
   std::vector<Outgoing> released;

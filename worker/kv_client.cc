@@ -25,6 +25,7 @@ struct KVClient::Request {
 
 struct KVClient::Part {
   enum class Kind { kPush, kPull, kClock };
+  bool rejoin = false;  // clock parts: adopt the server's minimum clock
   Ticket ticket = 0;
   std::shared_ptr<Request> request;
   int server = 0;
@@ -298,12 +299,14 @@ Ticket KVClient::Enqueue(std::shared_ptr<Request> request,
 
 Ticket KVClient::Clock(Callback done) {
   clock_.fetch_add(1);
-  return SendClock(false, std::move(done));
+  return SendClock(false, false, std::move(done));
 }
 
-Ticket KVClient::Leave(Callback done) { return SendClock(true, std::move(done)); }
+Ticket KVClient::Leave(Callback done) { return SendClock(true, false, std::move(done)); }
 
-Ticket KVClient::SendClock(bool leave, Callback done) {
+Ticket KVClient::Rejoin(Callback done) { return SendClock(false, true, std::move(done)); }
+
+Ticket KVClient::SendClock(bool leave, bool rejoin, Callback done) {
   auto request = std::make_shared<Request>();
   request->callback = std::move(done);
   std::vector<std::shared_ptr<Part>> parts;
@@ -320,6 +323,7 @@ Ticket KVClient::SendClock(bool leave, Callback done) {
     o.frames.push_back(EncodeFrame(b));
     auto part = std::make_shared<Part>();
     part->kind = Part::Kind::kClock;
+    part->rejoin = rejoin;
     part->server = s;
     part->deadline = deadline;
     parts.push_back(part);
@@ -403,6 +407,11 @@ void KVClient::OnReply(int server, Frames frames) {
     } else if (part->kind == Part::Kind::kClock) {
       if (body.which() != wire::Header::Body::CLOCK_REPLY) {
         status = Internal(who + " answered a clock tick with another type");
+      } else if (part->rejoin) {
+        const int64_t min_clock = body.getClockReply().getMinClock();
+        int64_t mine = clock_.load();
+        while (mine < min_clock && !clock_.compare_exchange_weak(mine, min_clock)) {
+        }
       }
     } else if (part->kind == Part::Kind::kPush) {
       if (body.which() != wire::Header::Body::PUSH_REPLY) {

@@ -108,8 +108,12 @@ class KVClient {
   // Completes the current clock (one step) on every server; pulls after it carry the new
   // clock. Returns a ticket for the servers' acknowledgements.
   Ticket Clock(Callback done = nullptr);
-  // Takes this worker out of every server's clock table (it will not tick again).
+  // Takes this worker out of every server's clock table, so that nobody waits on it (it is
+  // done, or waiting for data).
   Ticket Leave(Callback done = nullptr);
+  // Puts a worker that left back into the clock table; its clock moves up to the slowest
+  // live worker's, so that nobody waits on the clocks it skipped.
+  Ticket Rejoin(Callback done = nullptr);
   int64_t clock() const { return clock_.load(); }
 
   // Blocks until the request completes; returns its outcome and forgets the ticket.
@@ -130,7 +134,7 @@ class KVClient {
   Ticket Submit(bool push, uint32_t table, std::span<const uint64_t> keys, const RowRange* range,
                 std::span<const float> grads, std::span<float> out, Callback done);
   Ticket Fail(const Status& status, Callback done);
-  Ticket SendClock(bool leave, Callback done);
+  Ticket SendClock(bool leave, bool rejoin, Callback done);
   // Registers a request of `parts` (with their request ids) and queues their frames.
   Ticket Enqueue(std::shared_ptr<Request> request, std::vector<std::shared_ptr<Part>> parts,
                  std::vector<uint64_t> request_ids, std::vector<Outgoing> outgoing);

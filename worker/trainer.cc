@@ -79,24 +79,116 @@ Status SendDone(ClientSocket& coordinator, int worker_id, const json& totals, co
 
 }  // namespace
 
-std::vector<int64_t> EpochShare(uint64_t seed, int epoch, int64_t count, int worker,
-                                int num_workers) {
+std::vector<int64_t> EpochOrder(uint64_t seed, int epoch, int64_t count) {
   std::vector<int64_t> order(static_cast<size_t>(count));
   std::iota(order.begin(), order.end(), 0);
   std::mt19937_64 rng(HashKey(seed, 0xda7a, static_cast<uint64_t>(epoch)));
   std::shuffle(order.begin(), order.end(), rng);
-  std::vector<int64_t> mine;
-  for (size_t i = static_cast<size_t>(worker); i < order.size(); i += static_cast<size_t>(num_workers)) {
-    mine.push_back(order[i]);
-  }
-  return mine;
+  return order;
 }
+
+LocalChunkSource::LocalChunkSource(int epochs, uint64_t chunk_examples, int batch_size)
+    : table_(epochs, chunk_examples), epochs_(epochs), batch_size_(batch_size) {}
+
+Result<ChunkSource::Next> LocalChunkSource::Lease(int worker, const Request& request) {
+  std::unique_lock<std::mutex> lock(mu_);
+  PS_RETURN_IF_ERROR(table_.SetDatasetSize(request.dataset_size));
+  if (request.completed_epoch > 0) {
+    PS_RETURN_IF_ERROR(table_.Complete(worker, request.completed_epoch, request.completed_chunk));
+    for (int e : table_.TakeCompletedEpochs()) {
+      if (e < epochs_) to_eval_.push_back(e);
+    }
+    cv_.notify_all();
+  }
+  Next next;
+  next.batch_size = batch_size_;
+  if (worker == 0 && !to_eval_.empty()) {
+    next.evaluate_epoch = to_eval_.front();
+    to_eval_.erase(to_eval_.begin());
+  }
+  while (true) {
+    if (std::optional<LeaseTable::Lease> lease = table_.Acquire(worker)) {
+      next.kind = Next::Kind::kChunk;
+      next.lease = *lease;
+      return next;
+    }
+    if (table_.AllDone()) {
+      next.kind = Next::Kind::kFinished;
+      return next;
+    }
+    if (!request.wait) {
+      next.kind = Next::Kind::kWait;
+      return next;
+    }
+    cv_.wait(lock);
+  }
+}
+
+namespace {
+
+// Leases from the coordinator, on the registration socket.
+class CoordinatorChunkSource final : public ChunkSource {
+ public:
+  explicit CoordinatorChunkSource(ClientSocket* coordinator) : coordinator_(coordinator) {}
+  Result<Next> Lease(int worker, const Request& request) override {
+    capnp::MallocMessageBuilder b;
+    auto lease = NewHeader(b, ++request_id_, worker).getBody().initLease();
+    lease.setDatasetSize(request.dataset_size);
+    lease.setCompletedEpoch(request.completed_epoch);
+    lease.setCompletedChunk(request.completed_chunk);
+    lease.setExamplesPerSec(request.examples_per_sec);
+    lease.setWait(request.wait);
+    Frames f;
+    f.push_back(EncodeFrame(b));
+    // A waiting request is answered when another worker's chunk comes back or the job is
+    // done, which may take as long as a chunk takes.
+    PS_ASSIGN_OR_RETURN(CallReply reply, Call(*coordinator_, std::move(f), std::chrono::hours(24)));
+    Next next;
+    try {
+      auto body = reply.header.get().getBody();
+      if (body.which() != wire::Header::Body::LEASE_REPLY) {
+        return Internal("the coordinator answered a lease request with another message type");
+      }
+      auto r = body.getLeaseReply();
+      next.batch_size = static_cast<int>(r.getBatchSize());
+      next.evaluate_epoch = r.getEvaluateEpoch();
+      switch (r.which()) {
+        case wire::LeaseReply::CHUNK: {
+          auto c = r.getChunk();
+          next.kind = Next::Kind::kChunk;
+          next.lease = LeaseTable::Lease{c.getEpoch(), c.getIndex(), c.getBegin(), c.getEnd()};
+          if (c.getBegin() > c.getEnd() || c.getEnd() > request.dataset_size) {
+            return Internal("the coordinator leased positions outside the data set");
+          }
+          break;
+        }
+        case wire::LeaseReply::WAIT:
+          next.kind = Next::Kind::kWait;
+          break;
+        case wire::LeaseReply::FINISHED:
+          next.kind = Next::Kind::kFinished;
+          break;
+      }
+    } catch (const kj::Exception& e) {
+      return Internal(std::string("malformed lease reply: ") + e.getDescription().cStr());
+    }
+    return next;
+  }
+
+ private:
+  ClientSocket* coordinator_;
+  uint64_t request_id_ = 1u << 20;
+};
+
+}  // namespace
 
 TrainingLoop::TrainingLoop(const JobConfig& config, int worker_id, Kernels* kernels,
                            KVClient* client, Mlp* mlp, const ImageDataset& train,
-                           const ImageDataset& test, ProgressSink* sink, double slowdown)
+                           const ImageDataset& test, ProgressSink* sink, ChunkSource* chunks,
+                           double slowdown, int batch_size)
     : config_(config), worker_id_(worker_id), kernels_(kernels), client_(client), mlp_(mlp),
-      train_(train), test_(test), sink_(sink), slowdown_(slowdown) {
+      train_(train), test_(test), sink_(sink), chunks_(chunks), slowdown_(slowdown),
+      fixed_batch_(batch_size), batch_(batch_size > 0 ? batch_size : config.batch_size) {
   const size_t n = MlpParamSizes(mlp_->shape()).size();
   for (size_t i = 0; i < n; ++i) {
     const TableSpec& t = config_.table_specs[i];
@@ -174,6 +266,8 @@ json TrainingLoop::Totals() const {
           {"clock", client_->clock()},
           {"seconds", seconds_},
           {"wait_seconds", wait_seconds_},
+          {"compute_seconds", compute_seconds_},
+          {"batch_size", batch_},
           {"device", kernels_->DeviceName()}};
 }
 
@@ -209,59 +303,111 @@ Status TrainingLoop::ReportTraining(int epoch, double epoch_fraction, bool force
   return sink_->Report(line);
 }
 
-Status TrainingLoop::Run(const std::atomic<bool>& stop) {
-  const int W = config_.num_workers;
-  const size_t dim = static_cast<size_t>(train_.rows) * static_cast<size_t>(train_.cols);
-  const int B = config_.batch_size;
-  std::vector<float> x(static_cast<size_t>(B) * dim);
-  std::vector<int32_t> y(static_cast<size_t>(B));
+Status TrainingLoop::TrainStep(const float* x, const int32_t* y, int n, int epoch,
+                               double epoch_fraction) {
+  RequestInfo info;
+  PS_RETURN_IF_ERROR(PullAll(&info));
+  auto compute_start = SteadyClock::now();
   std::vector<float*> grad_ptrs;
   for (auto& g : grads_) grad_ptrs.push_back(g.data());
-
-  start_ = last_report_ = SteadyClock::now();
-  stats_at_report_ = client_->stats();
-  for (int epoch = 1; epoch <= config_.epochs; ++epoch) {
-    std::vector<int64_t> mine = EpochShare(config_.seed, epoch, train_.count, worker_id_, W);
-    for (size_t begin = 0; begin < mine.size(); begin += static_cast<size_t>(B)) {
-      if (stop.load()) return Aborted("stopped by signal");
-      const int n = static_cast<int>(std::min<size_t>(B, mine.size() - begin));
-      for (int i = 0; i < n; ++i) {
-        const int64_t e = mine[begin + static_cast<size_t>(i)];
-        std::copy_n(train_.pixels.data() + static_cast<size_t>(e) * dim, dim,
-                    x.data() + static_cast<size_t>(i) * dim);
-        y[static_cast<size_t>(i)] = train_.labels[static_cast<size_t>(e)];
-      }
-      RequestInfo info;
-      PS_RETURN_IF_ERROR(PullAll(&info));
-      auto compute_start = SteadyClock::now();
-      BatchResult br;
-      PS_RETURN_IF_ERROR(
-          mlp_->ForwardBackward(x.data(), y.data(), n, ConstParams(), grad_ptrs, &br));
-      if (slowdown_ > 1) {
-        // A deliberate straggler (--slowdown): as if the device were this much slower.
-        std::this_thread::sleep_for((SteadyClock::now() - compute_start) * (slowdown_ - 1));
-      }
-      PS_RETURN_IF_ERROR(PushAllAndTick());
-      ++steps_;
-      examples_ += n;
-      wait_seconds_ += info.held_seconds;
-      interval_wait_ += info.held_seconds;
-      interval_lag_ = std::max(interval_lag_, info.clock_lag);
-      interval_.loss_sum += br.loss_sum;
-      interval_.correct += br.correct;
-      interval_.examples += br.examples;
-      PS_RETURN_IF_ERROR(ReportTraining(epoch, static_cast<double>(begin + n) / mine.size(), false));
-    }
-    PS_RETURN_IF_ERROR(ReportTraining(epoch, 1.0, true));
-    if (worker_id_ == 0 && epoch < config_.epochs) {
-      PS_ASSIGN_OR_RETURN(BatchResult ev, Evaluate());
-      PS_RETURN_IF_ERROR(sink_->Report(EvalLine(epoch, ev, false)));
+  BatchResult br;
+  PS_RETURN_IF_ERROR(mlp_->ForwardBackward(x, y, n, ConstParams(), grad_ptrs, &br));
+  if (n != config_.batch_size) {
+    // A push is its batch's mean gradient; scaled by n / batch_size, every example weighs
+    // the same in the model whichever worker, and whichever batch size, it went through.
+    const float scale = static_cast<float>(n) / static_cast<float>(config_.batch_size);
+    for (auto& g : grads_) {
+      for (float& v : g) v *= scale;
     }
   }
+  if (slowdown_ > 1) {
+    // A deliberate straggler (--slowdown): as if the device were this much slower.
+    std::this_thread::sleep_for((SteadyClock::now() - compute_start) * (slowdown_ - 1));
+  }
+  compute_seconds_ += SecondsSince(compute_start);
+  PS_RETURN_IF_ERROR(PushAllAndTick());
+  ++steps_;
+  examples_ += n;
+  wait_seconds_ += info.held_seconds;
+  interval_wait_ += info.held_seconds;
+  interval_lag_ = std::max(interval_lag_, info.clock_lag);
+  interval_.loss_sum += br.loss_sum;
+  interval_.correct += br.correct;
+  interval_.examples += br.examples;
+  return ReportTraining(epoch, epoch_fraction, false);
+}
+
+Status TrainingLoop::TrainChunk(const LeaseTable::Lease& lease, const std::atomic<bool>& stop) {
+  if (order_epoch_ != lease.epoch) {
+    order_ = EpochOrder(config_.seed, lease.epoch, train_.count);
+    order_epoch_ = lease.epoch;
+  }
+  const size_t dim = static_cast<size_t>(train_.rows) * static_cast<size_t>(train_.cols);
+  for (uint64_t begin = lease.begin; begin < lease.end; begin += static_cast<uint64_t>(batch_)) {
+    if (stop.load()) return Aborted("stopped by signal");
+    const int n = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(batch_), lease.end - begin));
+    x_.resize(static_cast<size_t>(n) * dim);
+    y_.resize(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      const int64_t e = order_[begin + static_cast<uint64_t>(i)];
+      std::copy_n(train_.pixels.data() + static_cast<size_t>(e) * dim, dim,
+                  x_.data() + static_cast<size_t>(i) * dim);
+      y_[static_cast<size_t>(i)] = train_.labels[static_cast<size_t>(e)];
+    }
+    const double fraction = static_cast<double>(begin + static_cast<uint64_t>(n)) / train_.count;
+    PS_RETURN_IF_ERROR(TrainStep(x_.data(), y_.data(), n, lease.epoch, fraction));
+  }
+  return Status::Ok();
+}
+
+Status TrainingLoop::Run(const std::atomic<bool>& stop) {
+  start_ = last_report_ = SteadyClock::now();
+  stats_at_report_ = client_->stats();
+  ChunkSource::Request request;
+  request.dataset_size = static_cast<uint64_t>(train_.count);
+  bool in_clock_table = true;
+  int epoch = 1;
+  while (true) {
+    request.examples_per_sec = compute_seconds_ > 0 ? examples_ / compute_seconds_ : 0;
+    request.wait = !in_clock_table;
+    PS_ASSIGN_OR_RETURN(ChunkSource::Next next, chunks_->Lease(worker_id_, request));
+    request.completed_epoch = 0;
+    if (fixed_batch_ == 0 && next.batch_size > 0) {
+      if (next.batch_size > mlp_->max_batch()) {
+        return Internal("the coordinator asked for batches of " + std::to_string(next.batch_size) +
+                        ", more than this worker's limit of " + std::to_string(mlp_->max_batch()));
+      }
+      batch_ = next.batch_size;
+    }
+    if (next.evaluate_epoch > 0) {
+      PS_RETURN_IF_ERROR(ReportTraining(epoch, 1.0, true));
+      PS_ASSIGN_OR_RETURN(BatchResult ev, Evaluate());
+      PS_RETURN_IF_ERROR(sink_->Report(EvalLine(next.evaluate_epoch, ev, false)));
+    }
+    if (next.kind == ChunkSource::Next::Kind::kFinished) break;
+    if (next.kind == ChunkSource::Next::Kind::kWait) {
+      // Nothing to lease until another worker's chunk comes back or the job ends: out of the
+      // clock table meanwhile, so that nobody waits on this worker's clock.
+      PS_RETURN_IF_ERROR(WaitInFlight());
+      PS_RETURN_IF_ERROR(client_->Wait(client_->Leave()));
+      in_clock_table = false;
+      continue;
+    }
+    if (!in_clock_table) {
+      PS_RETURN_IF_ERROR(client_->Wait(client_->Rejoin()));
+      in_clock_table = true;
+    }
+    epoch = next.lease.epoch;
+    PS_RETURN_IF_ERROR(TrainChunk(next.lease, stop));
+    request.completed_epoch = next.lease.epoch;
+    request.completed_chunk = next.lease.chunk;
+  }
+  PS_RETURN_IF_ERROR(ReportTraining(epoch, 1.0, true));
   PS_RETURN_IF_ERROR(WaitInFlight());
   seconds_ = SecondsSince(start_);
   // Nobody waits on a worker that has finished.
-  return client_->Wait(client_->Leave());
+  if (in_clock_table) PS_RETURN_IF_ERROR(client_->Wait(client_->Leave()));
+  return Status::Ok();
 }
 
 namespace {
@@ -293,15 +439,21 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
                            " inputs per example but --mlp_layers starts with " +
                            std::to_string(layers.front()));
   }
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<Mlp> mlp, Mlp::Create(shape, kernels, config.batch_size));
+  // With --batch_size=auto a worker's batch follows its share of the job's throughput, at
+  // most every worker's batches together.
+  const int max_batch = std::max(options.batch_size,
+                                 config.auto_batch ? config.batch_size * config.num_workers
+                                                   : config.batch_size);
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Mlp> mlp, Mlp::Create(shape, kernels, max_batch));
   KVClientOptions copt;
   copt.client_id = reg.id;
   copt.request_timeout = options.request_timeout;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<KVClient> client,
                       KVClient::Create(transport, config, reg.server_endpoints, copt));
   CoordinatorSink sink(reg.coordinator.get(), reg.id);
+  CoordinatorChunkSource chunks(reg.coordinator.get());
   TrainingLoop loop(config, reg.id, kernels, client.get(), mlp.get(), train, test, &sink,
-                    options.slowdown);
+                    &chunks, options.slowdown, options.batch_size);
   Status s = loop.Run(stop);
   *totals = loop.Totals();
   if (!s.ok()) return s;
@@ -321,6 +473,10 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
 }  // namespace
 
 Status RunWorker(const WorkerOptions& options, Transport* transport, const std::atomic<bool>& stop) {
+  if (options.batch_size < 0) {
+    return InvalidArgument("--batch_size=" + std::to_string(options.batch_size) +
+                           " is not allowed: expected 0 (the job's) or a positive count");
+  }
   if (!(options.slowdown >= 1)) {
     return InvalidArgument("--slowdown=" + std::to_string(options.slowdown) +
                            " is not allowed: expected a factor >= 1");

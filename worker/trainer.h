@@ -1,8 +1,10 @@
 // A worker's training driver: registers with the coordinator, trains the job's model on
 // its share of the data, and reports progress.
 //
-// Data: every epoch all workers draw the same permutation of the training set (seeded by
-// the job seed and the epoch); worker r of W takes positions r, r + W, r + 2W, ... of it.
+// Data: every epoch has one order of the training set (a permutation seeded by the job
+// seed and the epoch, the same in every process), cut into chunks that workers lease from
+// the coordinator (common/lease_table.h): a fast worker leases more, and every example is
+// processed once per epoch whoever processes it.
 //
 // A step: pull every table (dense range pulls, all in flight together; the servers hold
 // them while the staleness bound requires), compute the gradient of the batch's mean loss,
@@ -14,6 +16,8 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -21,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/job_config.h"
+#include "common/lease_table.h"
 #include "common/status.h"
 #include "common/transport.h"
 #include "kernels/kernels.h"
@@ -42,6 +47,9 @@ struct WorkerOptions {
   // > 1 makes this worker that many times slower (it sleeps (slowdown - 1) times its compute
   // time each step), so that users and tests can watch what a straggler does.
   double slowdown = 1;
+  // This worker's batch size; 0 takes the job's (or, with --batch_size=auto, the
+  // coordinator's throughput-following one).
+  int batch_size = 0;
 };
 
 // The whole life of a worker process.
@@ -54,19 +62,58 @@ class ProgressSink {
   virtual Status Report(const nlohmann::json& line) = 0;
 };
 
-// The examples worker `worker` of `num_workers` trains on in `epoch`, in order.
-std::vector<int64_t> EpochShare(uint64_t seed, int epoch, int64_t count, int worker,
-                                int num_workers);
+// The order of the `count` training examples in `epoch` (1-based): the same in every
+// process of a job.
+std::vector<int64_t> EpochOrder(uint64_t seed, int epoch, int64_t count);
+
+// Where a training loop gets its chunks: the coordinator's lease table in a job, a local
+// one (LocalChunkSource) in tests and single-process runs.
+class ChunkSource {
+ public:
+  struct Request {
+    uint64_t dataset_size = 0;
+    int completed_epoch = 0;  // 0: nothing completed
+    uint64_t completed_chunk = 0;
+    double examples_per_sec = 0;  // compute throughput, for --batch_size=auto
+    bool wait = false;            // block until there is work or every epoch is done
+  };
+  struct Next {
+    enum class Kind { kChunk, kWait, kFinished } kind = Kind::kFinished;
+    LeaseTable::Lease lease;
+    int batch_size = 0;      // 0: keep the current one
+    int evaluate_epoch = 0;  // evaluate the model for this epoch now (worker 0)
+  };
+  virtual ~ChunkSource() = default;
+  virtual Result<Next> Lease(int worker, const Request& request) = 0;
+};
+
+// A lease table in this process, shared by the TrainingLoops of its threads. Worker 0 is
+// asked to evaluate after each completed epoch but the last. Thread-safe.
+class LocalChunkSource final : public ChunkSource {
+ public:
+  LocalChunkSource(int epochs, uint64_t chunk_examples, int batch_size);
+  Result<Next> Lease(int worker, const Request& request) override;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  LeaseTable table_;          // guarded by mu_
+  std::vector<int> to_eval_;  // guarded by mu_
+  const int epochs_;
+  const int batch_size_;
+};
 
 class TrainingLoop {
  public:
   // All pointers are borrowed and must outlive the loop. The job's model must be the MLP
   // whose tables are the first of config.table_specs.
+  // `batch_size` 0 takes the job's; max_batch of `mlp` must cover the batches the chunk
+  // source may ask for.
   TrainingLoop(const JobConfig& config, int worker_id, Kernels* kernels, KVClient* client,
                Mlp* mlp, const ImageDataset& train, const ImageDataset& test, ProgressSink* sink,
-               double slowdown = 1);
+               ChunkSource* chunks, double slowdown = 1, int batch_size = 0);
 
-  // Trains every epoch, then leaves the clock table.
+  // Trains on leased chunks until every epoch is done, then leaves the clock table.
   Status Run(const std::atomic<bool>& stop);
   // Pulls the current model and evaluates it on the test set.
   Result<BatchResult> Evaluate();
@@ -79,6 +126,8 @@ class TrainingLoop {
  private:
   Status PullAll(RequestInfo* info);
   Status PushAllAndTick();
+  Status TrainChunk(const LeaseTable::Lease& lease, const std::atomic<bool>& stop);
+  Status TrainStep(const float* x, const int32_t* y, int n, int epoch, double epoch_fraction);
   Status WaitInFlight();
   Status ReportTraining(int epoch, double epoch_fraction, bool force);
   std::vector<const float*> ConstParams() const;
@@ -91,7 +140,15 @@ class TrainingLoop {
   const ImageDataset& train_;
   const ImageDataset& test_;
   ProgressSink* sink_;
+  ChunkSource* chunks_;
   const double slowdown_;
+  const int fixed_batch_;  // this worker's own batch size; 0: follow the chunk source
+  int batch_ = 0;          // the batch size in use
+  std::vector<int64_t> order_;  // the current epoch's example order
+  int order_epoch_ = 0;
+  std::vector<float> x_;
+  std::vector<int32_t> y_;
+  double compute_seconds_ = 0;  // forward/backward (and --slowdown), for the throughput
 
   std::vector<std::vector<float>> params_, grads_;
   std::vector<Ticket> in_flight_;  // this step's pushes and clock tick

@@ -13,6 +13,8 @@ DEFINE_int32(register_timeout_ms, 120000, "how long to wait for the job to assem
 DEFINE_int32(request_timeout_ms, 600000,
              "how long a push or pull may take (more than the job's staleness_wait_seconds)");
 DEFINE_double(slowdown, 1, "make this worker this many times slower (a straggler, for experiments)");
+DEFINE_int32(batch_size, 0,
+             "this worker's batch size (0: the job's, or the coordinator's with --batch_size=auto)");
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -37,6 +39,7 @@ int main(int argc, char** argv) {
   options.register_timeout = std::chrono::milliseconds(FLAGS_register_timeout_ms);
   options.request_timeout = std::chrono::milliseconds(FLAGS_request_timeout_ms);
   options.slowdown = FLAGS_slowdown;
+  options.batch_size = FLAGS_batch_size;
   ps::Transport transport;
   ps::Status s = ps::RunWorker(options, &transport, g_stop);
   if (!s.ok()) {

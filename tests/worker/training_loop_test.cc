@@ -53,6 +53,7 @@ JobConfig Config(int staleness, int workers) {
                                  {"epochs", "2"},
                                  {"batch_size", "32"},
                                  {"base_lr", "0.1"},
+                                 {"chunk_examples", "100"},
                                  {"report_every_seconds", "0.000001"}})
       .value();
 }
@@ -68,7 +69,10 @@ TEST(TrainingLoopTest, OneWorkerUnderBspIsSequentialSgdToTheLastBit) {
   auto mlp = Mlp::Create(shape, kernels.get(), config.batch_size).value();
   auto client = KVClient::Create(&transport, config, cluster.endpoints(), {}).value();
   CollectingSink sink;
-  TrainingLoop loop(config, 0, kernels.get(), client.get(), mlp.get(), train, test, &sink);
+  LocalChunkSource chunks(config.epochs, static_cast<uint64_t>(config.chunk_examples),
+                          config.batch_size);
+  TrainingLoop loop(config, 0, kernels.get(), client.get(), mlp.get(), train, test, &sink,
+                    &chunks);
   std::atomic<bool> stop{false};
   ASSERT_TRUE(loop.Run(stop).ok());
   ASSERT_TRUE(loop.Evaluate().ok());  // pulls the final model into loop.params()
@@ -90,23 +94,33 @@ TEST(TrainingLoopTest, OneWorkerUnderBspIsSequentialSgdToTheLastBit) {
   std::vector<float> x(32 * 784);
   std::vector<int32_t> y(32);
   for (int epoch = 1; epoch <= config.epochs; ++epoch) {
-    std::vector<int64_t> order = EpochShare(config.seed, epoch, train.count, 0, 1);
-    for (size_t b = 0; b < order.size(); b += 32) {
-      int n = static_cast<int>(std::min<size_t>(32, order.size() - b));
-      for (int i = 0; i < n; ++i) {
-        std::memcpy(x.data() + i * 784, train.pixels.data() + order[b + i] * 784, 784 * 4);
-        y[i] = train.labels[order[b + i]];
-      }
-      std::vector<const float*> params;
-      std::vector<float*> grads;
-      for (size_t i = 0; i < 4; ++i) {
-        params.push_back(w[i].data());
-        grads.push_back(g[i].data());
-      }
-      BatchResult r;
-      ASSERT_TRUE(ref_mlp->ForwardBackward(x.data(), y.data(), n, params, grads, &r).ok());
-      for (size_t i = 0; i < 4; ++i) {
-        for (size_t j = 0; j < w[i].size(); ++j) w[i][j] -= lr * g[i][j];
+    std::vector<int64_t> order = EpochOrder(config.seed, epoch, train.count);
+    // Chunks of 100 examples, each cut into batches of 32: the last batch of a chunk is
+    // partial (4 examples), which the loop weighs by 4/32.
+    for (size_t chunk = 0; chunk < order.size(); chunk += 100) {
+      const size_t chunk_end = std::min(order.size(), chunk + 100);
+      for (size_t b = chunk; b < chunk_end; b += 32) {
+        const int n = static_cast<int>(std::min<size_t>(32, chunk_end - b));
+        for (int i = 0; i < n; ++i) {
+          std::memcpy(x.data() + i * 784, train.pixels.data() + order[b + i] * 784, 784 * 4);
+          y[i] = train.labels[order[b + i]];
+        }
+        std::vector<const float*> params;
+        std::vector<float*> grads;
+        for (size_t i = 0; i < 4; ++i) {
+          params.push_back(w[i].data());
+          grads.push_back(g[i].data());
+        }
+        BatchResult r;
+        ASSERT_TRUE(ref_mlp->ForwardBackward(x.data(), y.data(), n, params, grads, &r).ok());
+        const float scale = static_cast<float>(n) / 32.0f;
+        for (size_t i = 0; i < 4; ++i) {
+          for (size_t j = 0; j < w[i].size(); ++j) {
+            float grad = g[i][j];
+            if (n != 32) grad *= scale;
+            w[i][j] -= lr * grad;
+          }
+        }
       }
     }
   }
@@ -137,9 +151,10 @@ TEST(TrainingLoopTest, OneWorkerUnderBspIsSequentialSgdToTheLastBit) {
   EXPECT_GT(train_lines, 0);
   EXPECT_EQ(eval_lines, 1);  // after epoch 1; the final one is the caller's
   nlohmann::json totals = loop.Totals();
+  // 3 chunks of 100 (4 batches each: 32, 32, 32, 4) per epoch, 2 epochs.
   EXPECT_EQ(totals["examples"].get<int64_t>(), 600);
-  EXPECT_EQ(totals["steps"].get<int64_t>(), 20);
-  EXPECT_EQ(totals["clock"].get<int64_t>(), 20);
+  EXPECT_EQ(totals["steps"].get<int64_t>(), 24);
+  EXPECT_EQ(totals["clock"].get<int64_t>(), 24);
 }
 
 // Two workers under BSP, one 4x slower: the fast one is held (waits), never more than one
@@ -153,6 +168,8 @@ TEST(TrainingLoopTest, BspMakesTheFastWorkerWaitForTheSlowOne) {
   std::vector<nlohmann::json> totals(2);
   std::vector<Status> results(2);
   std::vector<CollectingSink> sinks(2);
+  LocalChunkSource chunks(config.epochs, static_cast<uint64_t>(config.chunk_examples),
+                          config.batch_size);
   std::vector<std::thread> threads;
   for (int w = 0; w < 2; ++w) {
     threads.emplace_back([&, w] {
@@ -162,7 +179,7 @@ TEST(TrainingLoopTest, BspMakesTheFastWorkerWaitForTheSlowOne) {
       o.client_id = w;
       auto client = KVClient::Create(&transport, config, cluster.endpoints(), o).value();
       TrainingLoop loop(config, w, kernels.get(), client.get(), mlp.get(), train, test,
-                        &sinks[static_cast<size_t>(w)], w == 1 ? 4.0 : 1.0);
+                        &sinks[static_cast<size_t>(w)], &chunks, w == 1 ? 4.0 : 1.0);
       std::atomic<bool> stop{false};
       results[static_cast<size_t>(w)] = loop.Run(stop);
       totals[static_cast<size_t>(w)] = loop.Totals();
@@ -171,6 +188,10 @@ TEST(TrainingLoopTest, BspMakesTheFastWorkerWaitForTheSlowOne) {
   for (auto& t : threads) t.join();
   ASSERT_TRUE(results[0].ok()) << results[0].ToString();
   ASSERT_TRUE(results[1].ok()) << results[1].ToString();
+  // Leasing: every example of both epochs exactly once, and the fast worker did more.
+  const int64_t fast = totals[0]["examples"].get<int64_t>();
+  const int64_t slow = totals[1]["examples"].get<int64_t>();
+  EXPECT_EQ(fast + slow, 2 * 256);
   EXPECT_GT(totals[0]["wait_seconds"].get<double>(), 0.0);
   for (const auto& line : sinks[0].lines) {
     if (line["kind"] == "train") {

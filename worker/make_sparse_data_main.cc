@@ -1,0 +1,78 @@
+// ps_make_sparse_data: writes a synthetic click-through-rate data set in LIBSVM format, with
+// its true weights, for the sparse logistic regression model. See worker/sparse_data_gen.h
+// for the distribution.
+//
+//   ps_make_sparse_data --features=10000000 --examples=1000000 --nnz=20 --out=train.svm
+//       --test_out=test.svm --test_examples=100000 --truth=truth.txt
+#include <gflags/gflags.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "worker/sparse_data_gen.h"
+
+DEFINE_int64(features, 1'000'000, "number of feature ids (1..features)");
+DEFINE_int64(examples, 100'000, "training examples to write to --out");
+DEFINE_int32(nnz, 20, "distinct binary features per example");
+DEFINE_uint64(seed, 1, "random seed; the same seed writes the same files");
+DEFINE_double(zipf, 1.1, "exponent of the Zipf law of feature popularity; 0 = uniform");
+DEFINE_double(nonzero_fraction, 0.2, "share of features with a non-zero true weight");
+DEFINE_double(logit_std, 4.0,
+              "standard deviation of the true logit over examples; larger is easier "
+              "(4 gives a Bayes AUC near 0.9)");
+DEFINE_double(bias, 0.0, "true bias; negative makes positives rarer");
+DEFINE_string(out, "", "training file to write (required)");
+DEFINE_string(test_out, "", "held-out file to write, from the same distribution (optional)");
+DEFINE_int64(test_examples, 0, "examples to write to --test_out");
+DEFINE_string(truth, "", "file for the true non-zero weights as 'ID WEIGHT' lines (optional)");
+
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "ps_make_sparse_data: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("writes a synthetic sparse binary-classification data set");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  if (FLAGS_out.empty()) return Fail("--out is required");
+  if (FLAGS_examples < 0) return Fail("--examples must be >= 0");
+  if (FLAGS_test_examples < 0) return Fail("--test_examples must be >= 0");
+  if (FLAGS_test_examples > 0 && FLAGS_test_out.empty()) {
+    return Fail("--test_examples needs --test_out");
+  }
+
+  ps::SparseDataGenOptions options;
+  options.features = FLAGS_features;
+  options.nnz = FLAGS_nnz;
+  options.zipf = FLAGS_zipf;
+  options.nonzero_fraction = FLAGS_nonzero_fraction;
+  options.logit_std = FLAGS_logit_std;
+  options.bias = FLAGS_bias;
+  options.seed = FLAGS_seed;
+
+  const auto start = std::chrono::steady_clock::now();
+  ps::Result<ps::SparseDataGenerator> gen = ps::SparseDataGenerator::Create(options);
+  if (!gen.ok()) return Fail(gen.status().message());
+  if (ps::Status s = gen->WriteLibsvm(FLAGS_out, FLAGS_examples); !s.ok()) {
+    return Fail(s.message());
+  }
+  if (!FLAGS_test_out.empty()) {
+    if (ps::Status s = gen->WriteLibsvm(FLAGS_test_out, FLAGS_test_examples); !s.ok()) {
+      return Fail(s.message());
+    }
+  }
+  if (!FLAGS_truth.empty()) {
+    if (ps::Status s = gen->WriteTruth(FLAGS_truth); !s.ok()) return Fail(s.message());
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::fprintf(stderr, "ps_make_sparse_data: wrote %lld + %lld examples in %.1fs\n",
+               static_cast<long long>(FLAGS_examples),
+               static_cast<long long>(FLAGS_test_out.empty() ? 0 : FLAGS_test_examples), seconds);
+  return 0;
+}
