@@ -95,7 +95,7 @@ Field StringField(const char* name, std::string JobConfig::*member,
 
 const std::vector<Field>& Fields() {
   static const std::vector<Field> fields = {
-      StringField("model", &JobConfig::model, {"mlp", "none"}),
+      StringField("model", &JobConfig::model, {"mlp", "sparse_lr", "none"}),
       StringField("mlp_layers", &JobConfig::mlp_layers),
       StringField("tables", &JobConfig::tables),
       IntField("num_servers", &JobConfig::num_servers, 1, 1024),
@@ -137,6 +137,15 @@ const std::vector<Field>& Fields() {
       StringField("staleness_lr", &JobConfig::staleness_lr, {"none", "inverse", "sqrt"}),
       IntField("seed", &JobConfig::seed, 0, INT64_MAX),
       StringField("data_dir", &JobConfig::data_dir),
+      StringField("train_data", &JobConfig::train_data),
+      StringField("test_data", &JobConfig::test_data),
+      Field{"hash_features",
+            [](JobConfig& c, const std::string& v) -> Status {
+              if (v != "true" && v != "false") return BadValue("hash_features", v, "true or false");
+              c.hash_features = v == "true";
+              return Status::Ok();
+            },
+            [](const JobConfig& c) { return std::string(c.hash_features ? "true" : "false"); }},
       DoubleField("report_every_seconds", &JobConfig::report_every_seconds, 0, 3600, true),
   };
   return fields;
@@ -253,6 +262,21 @@ Result<JobConfig> JobConfig::FromFlagMap(const std::map<std::string, std::string
     }
     if (field == nullptr) return InvalidArgument("unknown job setting --" + name);
     PS_RETURN_IF_ERROR(field->parse(c, value));
+  }
+  if (c.model == "sparse_lr") {
+    if (c.train_data.empty()) {
+      return BadValue("train_data", "", "a LIBSVM file: --model=sparse_lr needs training data");
+    }
+    TableSpec w;
+    w.name = "lr.weight";
+    w.rows = 0;  // sparse: keyed by feature id
+    w.width = 1;
+    TableSpec b;
+    b.name = "lr.bias";
+    b.rows = 1;
+    b.width = 1;
+    c.table_specs.push_back(w);
+    c.table_specs.push_back(b);
   }
   if (c.model == "mlp") {
     PS_ASSIGN_OR_RETURN(std::vector<int> layers, ParseIntList("mlp_layers", c.mlp_layers));

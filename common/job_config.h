@@ -34,7 +34,8 @@ struct TableSpec {
 
 struct JobConfig {
   // ---- the model and its tables ----
-  // "mlp": a multilayer perceptron whose tables are derived from mlp_layers.
+  // "mlp": a multilayer perceptron on IDX images, tables derived from mlp_layers.
+  // "sparse_lr": logistic regression on LIBSVM data, a sparse table keyed by feature id.
   // "none": only the tables of `tables` (for custom clients and tests).
   std::string model = "mlp";
   // Layer widths of the MLP, input first: ReLU between layers, softmax cross-entropy last.
@@ -100,7 +101,11 @@ struct JobConfig {
   // step's learning rate by the gradient's staleness (or its square root; 0 counts as 1).
   std::string staleness_lr = "none";
   uint64_t seed = 1;          // initializers and data order
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";  // mlp: IDX files
+  std::string train_data;   // sparse_lr: LIBSVM training file (gzip or plain)
+  std::string test_data;    // sparse_lr: LIBSVM test file
+  // sparse_lr: hash feature ids into 64 bits (xxHash), for ids from several sources.
+  bool hash_features = false;
   // Seconds between a worker's training reports to the coordinator (metrics.jsonl lines).
   double report_every_seconds = 1.0;
 

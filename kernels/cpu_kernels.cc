@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -23,6 +24,78 @@ Status CheckNonNegative(const char* op, const char* what, int64_t v) {
   return Status::Ok();
 }
 
+// ---- precision conversion ----
+// Bit manipulation in standard C++ (no compiler half types), written as selects rather
+// than branches so that the compiler vectorizes the loops (about 4x here). Two steps use
+// float arithmetic, arranged so that no operand or result is ever a float subnormal: the
+// results are the same with or without EnableFlushToZero's FTZ/DAZ modes. They rely on
+// the default rounding mode, round to nearest even.
+
+constexpr uint32_t kFloatAbsMask = 0x7fffffffu;
+constexpr uint32_t kFloatInf = 0x7f800000u;
+constexpr uint32_t kFloatHalfBits = 0x3f000000u;  // 0.5f
+
+uint16_t FloatToHalfBits(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t abs = x & kFloatAbsMask;
+  // Normal half (|f| >= 2^-14): rebias the exponent (127 - 15 = 112) and round the 23-bit
+  // mantissa to 10 bits, ties to even; a carry out of the mantissa bumps the exponent, and
+  // from 65520 (halfway past the largest half, 65504) on it reaches infinity, 0x7c00.
+  const uint32_t normal = (abs - (112u << 23) + 0xfffu + ((abs >> 13) & 1u)) >> 13;
+  // Subnormal half or zero (|f| < 2^-14): in |f| + 0.5 the unit of the last place is
+  // 2^-24, the half subnormals' step, so the addition rounds |f| to a multiple of it (ties
+  // to even) and leaves the multiple in the low mantissa bits. Float subnormal inputs
+  // (zero under DAZ) round to 0 either way.
+  const uint32_t subnormal =
+      std::bit_cast<uint32_t>(std::bit_cast<float>(abs) + 0.5f) - kFloatHalfBits;
+  uint32_t h = abs < 0x38800000u ? subnormal : normal;
+  h = abs >= 0x47800000u ? 0x7c00u : h;  // >= 2^16: infinity (and keeps `normal` in range)
+  h = abs > kFloatInf ? 0x7e00u : h;     // NaN: the quiet NaN, payload dropped
+  return static_cast<uint16_t>(sign | h);
+}
+
+float HalfBitsToFloat(uint16_t half) {
+  const uint32_t h = half;
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t em = h & 0x7fffu;            // exponent and mantissa
+  uint32_t bits = (em << 13) + (112u << 23);  // normal: rebias the exponent
+  // Zero and subnormals: m * 2^-24 is exact in float and, unless 0, a normal float.
+  const uint32_t subnormal = std::bit_cast<uint32_t>(static_cast<float>(em) * 0x1p-24f);
+  bits = em < 0x0400u ? subnormal : bits;
+  bits = em >= 0x7c00u ? kFloatInf : bits;
+  bits = em > 0x7c00u ? 0x7fc00000u : bits;  // NaN: the quiet NaN, payload dropped
+  return std::bit_cast<float>(sign | bits);
+}
+
+uint16_t FloatToBfloat16Bits(float f) {
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  // bfloat16 is the top half of a float: round the low 16 bits away, ties to even. A carry
+  // runs into the exponent, and from the largest finite values on into infinity.
+  const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+  const uint32_t nan = ((x >> 16) & 0x8000u) | 0x7fc0u;
+  return static_cast<uint16_t>((x & kFloatAbsMask) > kFloatInf ? nan : rounded);
+}
+
+float Bfloat16BitsToFloat(uint16_t b) {
+  const uint32_t x = static_cast<uint32_t>(b) << 16;
+  const uint32_t nan = (x & 0x80000000u) | 0x7fc00000u;
+  return std::bit_cast<float>((x & kFloatAbsMask) > kFloatInf ? nan : x);
+}
+
+// The first index outside [0, table_rows), checked before any write so that a rejected
+// call leaves its output as it was.
+Status CheckIndices(const char* op, int rows, const int32_t* indices, int table_rows) {
+  for (int i = 0; i < rows; ++i) {
+    if (indices[i] < 0 || indices[i] >= table_rows) {
+      return InvalidArgument(std::string(op) + ": index " + std::to_string(indices[i]) +
+                             " of row " + std::to_string(i) + " is outside [0, " +
+                             std::to_string(table_rows) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
 class CpuKernels final : public Kernels {
  public:
   std::string DeviceName() const override {
@@ -38,6 +111,15 @@ class CpuKernels final : public Kernels {
     return p;
   }
   void FreeBytes(void* p) override { ::operator delete(p, kAlignment); }
+
+  // Nothing to pin without a device: plain aligned memory, the same as AllocBytes.
+  Result<void*> AllocHostPinned(size_t bytes) override {
+    if (bytes == 0) return static_cast<void*>(nullptr);
+    return AllocBytes(bytes);
+  }
+  void FreeHostPinned(void* p) override {
+    if (p != nullptr) FreeBytes(p);
+  }
 
   Status CopyToDevice(void* dst, const void* host_src, size_t bytes) override {
     if (bytes > 0 && dst != host_src) std::memcpy(dst, host_src, bytes);
@@ -151,7 +233,58 @@ class CpuKernels final : public Kernels {
     return Status::Ok();
   }
 
+  Status GatherRows(int rows, int width, const float* table, int table_rows, const int32_t* indices,
+                    float* out) override {
+    PS_RETURN_IF_ERROR(CheckSparseSizes("GatherRows", rows, width, table_rows));
+    if (rows == 0 || width == 0) return Status::Ok();
+    PS_RETURN_IF_ERROR(CheckIndices("GatherRows", rows, indices, table_rows));
+    const size_t w = static_cast<size_t>(width);
+    for (int i = 0; i < rows; ++i) {
+      std::memcpy(out + static_cast<size_t>(i) * w, table + static_cast<size_t>(indices[i]) * w,
+                  w * sizeof(float));
+    }
+    return Status::Ok();
+  }
+
+  Status ScatterAddRows(int rows, int width, const float* src, const int32_t* indices,
+                        int table_rows, float* table) override {
+    PS_RETURN_IF_ERROR(CheckSparseSizes("ScatterAddRows", rows, width, table_rows));
+    if (rows == 0 || width == 0) return Status::Ok();
+    PS_RETURN_IF_ERROR(CheckIndices("ScatterAddRows", rows, indices, table_rows));
+    const size_t w = static_cast<size_t>(width);
+    // In row order, so that duplicates accumulate in a fixed order and results repeat.
+    for (int i = 0; i < rows; ++i) {
+      float* dst = table + static_cast<size_t>(indices[i]) * w;
+      const float* s = src + static_cast<size_t>(i) * w;
+      for (size_t j = 0; j < w; ++j) dst[j] += s[j];
+    }
+    return Status::Ok();
+  }
+
+  Status ToHalf(size_t n, const float* in, uint16_t* out) override {
+    for (size_t i = 0; i < n; ++i) out[i] = FloatToHalfBits(in[i]);
+    return Status::Ok();
+  }
+  Status FromHalf(size_t n, const uint16_t* in, float* out) override {
+    for (size_t i = 0; i < n; ++i) out[i] = HalfBitsToFloat(in[i]);
+    return Status::Ok();
+  }
+  Status ToBfloat16(size_t n, const float* in, uint16_t* out) override {
+    for (size_t i = 0; i < n; ++i) out[i] = FloatToBfloat16Bits(in[i]);
+    return Status::Ok();
+  }
+  Status FromBfloat16(size_t n, const uint16_t* in, float* out) override {
+    for (size_t i = 0; i < n; ++i) out[i] = Bfloat16BitsToFloat(in[i]);
+    return Status::Ok();
+  }
+
  private:
+  static Status CheckSparseSizes(const char* op, int rows, int width, int table_rows) {
+    PS_RETURN_IF_ERROR(CheckNonNegative(op, "rows", rows));
+    PS_RETURN_IF_ERROR(CheckNonNegative(op, "width", width));
+    return CheckNonNegative(op, "table_rows", table_rows);
+  }
+
   // C = beta * C with the BLAS rule that beta == 0 overwrites (so NaN in C is dropped).
   static void ScaleC(size_t n, float beta, float* c) {
     if (beta == 0.0f) {

@@ -1,4 +1,6 @@
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -139,6 +141,103 @@ __global__ void BiasGradKernel(int rows, int cols, const float* __restrict__ dy,
   }
 }
 
+// ---- sparse rows ----
+
+// Where GatherRows and ScatterAddRows record an out-of-range index, read back at the next
+// stream synchronization. `bad` packs (row << 32) | index bits and takes the atomicMin, so
+// the lowest offending row wins whatever the order of the threads; kNoBadIndex (all ones,
+// what a 0xff memset writes) means none. `ops` has a bit per op that saw one.
+struct IndexScratch {
+  unsigned long long bad;
+  unsigned int ops;
+  unsigned int padding;
+};
+constexpr unsigned long long kNoBadIndex = ~0ull;
+constexpr unsigned int kGatherOp = 1;
+constexpr unsigned int kScatterOp = 2;
+
+__device__ void ReportBadIndex(IndexScratch* scratch, unsigned int op, size_t row, int32_t index) {
+  atomicMin(&scratch->bad,
+            (static_cast<unsigned long long>(row) << 32) | static_cast<uint32_t>(index));
+  atomicOr(&scratch->ops, op);
+}
+
+// Rows spread over threadIdx.y and the grid, a row's elements over threadIdx.x (adjacent
+// threads read adjacent elements, so each row's segment is one coalesced access). V is
+// float4 where the row width and the pointers allow 16-byte accesses, else float.
+// A row with a bad index is skipped, so the kernel never touches memory outside the table.
+template <typename V>
+__global__ void GatherRowsKernel(int rows, int width_v, const V* __restrict__ table, int table_rows,
+                                 const int32_t* __restrict__ indices, V* __restrict__ out,
+                                 IndexScratch* scratch) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.y;
+  for (size_t r = static_cast<size_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+       r < static_cast<size_t>(rows); r += stride) {
+    const int32_t index = indices[r];
+    if (index < 0 || index >= table_rows) {
+      if (threadIdx.x == 0) ReportBadIndex(scratch, kGatherOp, r, index);
+      continue;
+    }
+    const V* src = table + static_cast<size_t>(index) * width_v;
+    V* dst = out + r * width_v;
+    for (int c = threadIdx.x; c < width_v; c += blockDim.x) dst[c] = src[c];
+  }
+}
+
+// The same layout; atomicAdd makes duplicate indices accumulate (it compiles to a
+// fire-and-forget reduction, as its result is unused).
+__global__ void ScatterAddRowsKernel(int rows, int width, const float* __restrict__ src,
+                                     const int32_t* __restrict__ indices, int table_rows,
+                                     float* table, IndexScratch* scratch) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.y;
+  for (size_t r = static_cast<size_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+       r < static_cast<size_t>(rows); r += stride) {
+    const int32_t index = indices[r];
+    if (index < 0 || index >= table_rows) {
+      if (threadIdx.x == 0) ReportBadIndex(scratch, kScatterOp, r, index);
+      continue;
+    }
+    const float* s = src + r * width;
+    float* dst = table + static_cast<size_t>(index) * width;
+    for (int c = threadIdx.x; c < width; c += blockDim.x) atomicAdd(dst + c, s[c]);
+  }
+}
+
+// ---- precision conversion ----
+// The intrinsics round to nearest even; NaN is mapped to the quiet NaN with the input's
+// sign here, because the intrinsics leave the NaN's bits unspecified and the CPU backend
+// must give the same bits.
+
+struct ToHalfOp {
+  __device__ uint16_t operator()(float f) const {
+    if (isnan(f)) return static_cast<uint16_t>(((__float_as_uint(f) >> 16) & 0x8000u) | 0x7e00u);
+    return __half_as_ushort(__float2half_rn(f));
+  }
+};
+struct FromHalfOp {
+  __device__ float operator()(uint16_t h) const {
+    if ((h & 0x7fffu) > 0x7c00u) return __uint_as_float(((h & 0x8000u) << 16) | 0x7fc00000u);
+    return __half2float(__ushort_as_half(h));
+  }
+};
+struct ToBfloat16Op {
+  __device__ uint16_t operator()(float f) const {
+    if (isnan(f)) return static_cast<uint16_t>(((__float_as_uint(f) >> 16) & 0x8000u) | 0x7fc0u);
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  }
+};
+struct FromBfloat16Op {
+  __device__ float operator()(uint16_t b) const {
+    if ((b & 0x7fffu) > 0x7f80u) return __uint_as_float(((b & 0x8000u) << 16) | 0x7fc00000u);
+    return __bfloat162float(__ushort_as_bfloat16(b));
+  }
+};
+
+template <typename In, typename Out, typename Op>
+__global__ void MapKernel(size_t n, const In* __restrict__ in, Out* __restrict__ out, Op op) {
+  PS_GRID_STRIDE_LOOP(i, n) { out[i] = op(in[i]); }
+}
+
 // What the softmax CE kernel reports back; zeroed before each launch.
 struct CeScratch {
   double loss_sum;
@@ -224,8 +323,8 @@ __global__ void SoftmaxCeKernel(int rows, int classes, const float* __restrict__
 
 class CudaKernels final : public Kernels {
  public:
-  static Result<std::unique_ptr<Kernels>> Create(int device) {
-    std::unique_ptr<CudaKernels> k(new CudaKernels(device));
+  static Result<std::unique_ptr<Kernels>> Create(int device, const KernelsOptions& options) {
+    std::unique_ptr<CudaKernels> k(new CudaKernels(device, options));
     PS_RETURN_IF_ERROR(k->Init());
     return std::unique_ptr<Kernels>(std::move(k));
   }
@@ -239,7 +338,9 @@ class CudaKernels final : public Kernels {
   }
 
   std::string DeviceName() const override {
-    return name_ + " (cuda:" + std::to_string(device_) + ")";
+    std::string name = name_ + " (cuda:" + std::to_string(device_);
+    if (precision_ != GemmPrecision::kFp32) name += std::string(", gemm ") + Name(precision_);
+    return name + ")";
   }
   bool IsCuda() const override { return true; }
 
@@ -258,23 +359,41 @@ class CudaKernels final : public Kernels {
     if (e != cudaSuccess) LOG(ERROR) << "cudaFree: " << cudaGetErrorString(e);
   }
 
+  Result<void*> AllocHostPinned(size_t bytes) override {
+    if (bytes == 0) return static_cast<void*>(nullptr);
+    PS_RETURN_IF_ERROR(Activate());
+    void* p = nullptr;
+    PS_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p, bytes, cudaHostAllocDefault),
+                            "cudaHostAlloc(" + Bytes(bytes) + ")");
+    return p;
+  }
+
+  void FreeHostPinned(void* p) override {
+    if (p == nullptr) return;
+    // A copy queued from or to p may still be running (CopyToDevice from pinned memory
+    // returns at once): let the stream drain first. Its errors are left for Sync to report.
+    cudaError_t e = cudaSetDevice(device_);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(stream_.get());
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      LOG(ERROR) << "FreeHostPinned: waiting for the stream: " << cudaGetErrorString(e);
+    }
+    e = cudaFreeHost(p);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      LOG(ERROR) << "cudaFreeHost: " << cudaGetErrorString(e);
+    }
+  }
+
   Status CopyToDevice(void* dst, const void* host_src, size_t bytes) override {
     if (bytes == 0) return Status::Ok();
     PS_RETURN_IF_ERROR(Activate());
+    // From pageable memory the runtime copies the data to a staging buffer before
+    // returning, so host_src may be reused at once; from pinned (page-locked) memory the
+    // DMA reads host_src while it runs, which kernels.h tells callers to allow for.
     PS_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_.get()),
         "cudaMemcpyAsync(host to device, " + Bytes(bytes) + ")");
-    // From pageable memory the runtime stages the data before returning, so host_src may
-    // be reused at once; from pinned (page-locked) memory the copy is truly asynchronous
-    // and we wait for it, so that the caller may always reuse host_src on return.
-    cudaPointerAttributes attr{};
-    if (cudaPointerGetAttributes(&attr, host_src) != cudaSuccess) {
-      cudaGetLastError();  // clear the error so that the next launch check does not see it
-      return Sync("cudaStreamSynchronize after host to device copy");
-    }
-    if (attr.type != cudaMemoryTypeUnregistered) {
-      return Sync("cudaStreamSynchronize after host to device copy");
-    }
     return Status::Ok();
   }
 
@@ -315,12 +434,47 @@ class CudaKernels final : public Kernels {
     // transpose. So compute C^T = op(B)^T op(A)^T: swap the operands and m with n.
     const int lda = trans_a ? m : k;  // row-major leading dimensions as stored
     const int ldb = trans_b ? k : n;
-    PS_CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas_.get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                          trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
-                                          ldb, a, lda, &beta, c, n),
-                              "cublasSgemm(m=" + std::to_string(m) + ", n=" + std::to_string(n) +
-                                  ", k=" + std::to_string(k) + ")");
-    return Status::Ok();
+    const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    auto what = [&](const char* call) {
+      return std::string(call) + "(" + Name(precision_) + ", m=" + std::to_string(m) +
+             ", n=" + std::to_string(n) + ", k=" + std::to_string(k) + ")";
+    };
+    switch (precision_) {
+      case GemmPrecision::kFp32:
+        PS_CUBLAS_RETURN_IF_ERROR(
+            cublasSgemm(cublas_.get(), op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c, n),
+            what("cublasSgemm"));
+        return Status::Ok();
+      case GemmPrecision::kTf32:
+        PS_CUBLAS_RETURN_IF_ERROR(
+            cublasGemmEx(cublas_.get(), op_b, op_a, n, m, k, &alpha, b, CUDA_R_32F, ldb, a,
+                         CUDA_R_32F, lda, &beta, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F_FAST_TF32,
+                         CUBLAS_GEMM_DEFAULT),
+            what("cublasGemmEx"));
+        return Status::Ok();
+      case GemmPrecision::kBf16: {
+        // Round A and B to bfloat16 into scratch (same layout), then multiply with fp32
+        // accumulation into the fp32 C.
+        const size_t a_size = static_cast<size_t>(m) * k;
+        const size_t b_size = static_cast<size_t>(k) * n;
+        // B's copy starts 128-byte aligned: cuBLAS's tensor-core kernels want aligned bases.
+        const size_t b_offset = (a_size + 63) / 64 * 64;
+        PS_ASSIGN_OR_RETURN(uint16_t * a16, Bf16Scratch(b_offset + b_size));
+        uint16_t* b16 = a16 + b_offset;
+        MapKernel<<<Blocks(a_size), kThreads, 0, stream_.get()>>>(a_size, a, a16, ToBfloat16Op());
+        PS_CUDA_RETURN_IF_LAUNCH_FAILED("Gemm: A to bfloat16");
+        MapKernel<<<Blocks(b_size), kThreads, 0, stream_.get()>>>(b_size, b, b16, ToBfloat16Op());
+        PS_CUDA_RETURN_IF_LAUNCH_FAILED("Gemm: B to bfloat16");
+        PS_CUBLAS_RETURN_IF_ERROR(
+            cublasGemmEx(cublas_.get(), op_b, op_a, n, m, k, &alpha, b16, CUDA_R_16BF, ldb, a16,
+                         CUDA_R_16BF, lda, &beta, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT),
+            what("cublasGemmEx"));
+        return Status::Ok();
+      }
+    }
+    return Internal(what("Gemm: unknown precision"));
   }
 
   Status AddBias(int rows, int cols, const float* bias, float* y) override {
@@ -410,8 +564,116 @@ class CudaKernels final : public Kernels {
     return Status::Ok();
   }
 
+  Status GatherRows(int rows, int width, const float* table, int table_rows, const int32_t* indices,
+                    float* out) override {
+    PS_RETURN_IF_ERROR(CheckSparseSizes("GatherRows", rows, width, table_rows));
+    if (rows == 0 || width == 0) return Status::Ok();
+    PS_RETURN_IF_ERROR(Activate());
+    auto* scratch = static_cast<IndexScratch*>(index_scratch_.get());
+    // 16-byte accesses need 16-byte aligned rows: a width of 4k floats and aligned bases.
+    const bool vec4 = width % 4 == 0 && reinterpret_cast<uintptr_t>(table) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(out) % 16 == 0;
+    const int width_v = vec4 ? width / 4 : width;
+    const dim3 block = RowBlock(width_v);
+    const unsigned grid = RowGrid(rows, block);
+    if (vec4) {
+      GatherRowsKernel<<<grid, block, 0, stream_.get()>>>(
+          rows, width_v, reinterpret_cast<const float4*>(table), table_rows, indices,
+          reinterpret_cast<float4*>(out), scratch);
+    } else {
+      GatherRowsKernel<<<grid, block, 0, stream_.get()>>>(rows, width_v, table, table_rows, indices,
+                                                          out, scratch);
+    }
+    PS_CUDA_RETURN_IF_LAUNCH_FAILED("GatherRows");
+    index_check_pending_ = true;
+    return Status::Ok();
+  }
+
+  Status ScatterAddRows(int rows, int width, const float* src, const int32_t* indices,
+                        int table_rows, float* table) override {
+    PS_RETURN_IF_ERROR(CheckSparseSizes("ScatterAddRows", rows, width, table_rows));
+    if (rows == 0 || width == 0) return Status::Ok();
+    PS_RETURN_IF_ERROR(Activate());
+    const dim3 block = RowBlock(width);
+    ScatterAddRowsKernel<<<RowGrid(rows, block), block, 0, stream_.get()>>>(
+        rows, width, src, indices, table_rows, table,
+        static_cast<IndexScratch*>(index_scratch_.get()));
+    PS_CUDA_RETURN_IF_LAUNCH_FAILED("ScatterAddRows");
+    index_check_pending_ = true;
+    return Status::Ok();
+  }
+
+  Status ToHalf(size_t n, const float* in, uint16_t* out) override {
+    return Map("ToHalf", n, in, out, ToHalfOp());
+  }
+  Status FromHalf(size_t n, const uint16_t* in, float* out) override {
+    return Map("FromHalf", n, in, out, FromHalfOp());
+  }
+  Status ToBfloat16(size_t n, const float* in, uint16_t* out) override {
+    return Map("ToBfloat16", n, in, out, ToBfloat16Op());
+  }
+  Status FromBfloat16(size_t n, const uint16_t* in, float* out) override {
+    return Map("FromBfloat16", n, in, out, FromBfloat16Op());
+  }
+
  private:
-  explicit CudaKernels(int device) : device_(device) {}
+  CudaKernels(int device, const KernelsOptions& options)
+      : device_(device), requested_precision_(options.gemm_precision) {}
+
+  static const char* Name(GemmPrecision p) {
+    switch (p) {
+      case GemmPrecision::kFp32:
+        return "fp32";
+      case GemmPrecision::kTf32:
+        return "tf32";
+      case GemmPrecision::kBf16:
+        return "bf16";
+    }
+    return "unknown";
+  }
+
+  static Status CheckSparseSizes(const char* op, int rows, int width, int table_rows) {
+    PS_RETURN_IF_ERROR(CheckNonNegative(op, "rows", rows));
+    PS_RETURN_IF_ERROR(CheckNonNegative(op, "width", width));
+    return CheckNonNegative(op, "table_rows", table_rows);
+  }
+
+  template <typename In, typename Out, typename Op>
+  Status Map(const char* op_name, size_t n, const In* in, Out* out, Op op) {
+    if (n == 0) return Status::Ok();
+    PS_RETURN_IF_ERROR(Activate());
+    MapKernel<<<Blocks(n), kThreads, 0, stream_.get()>>>(n, in, out, op);
+    PS_CUDA_RETURN_IF_LAUNCH_FAILED(op_name);
+    return Status::Ok();
+  }
+
+  // kThreads threads per block: x spans a row's elements (the next power of two of its
+  // width, at most kThreads), y the rows, so that narrow rows still fill the block.
+  static dim3 RowBlock(int width) {
+    int x = 1;
+    while (x < width && x < kThreads) x *= 2;
+    return dim3(static_cast<unsigned>(x), static_cast<unsigned>(kThreads / x));
+  }
+  unsigned RowGrid(int rows, dim3 block) const {
+    const size_t wanted = (static_cast<size_t>(rows) + block.y - 1) / block.y;
+    return static_cast<unsigned>(std::min<size_t>(wanted, static_cast<size_t>(max_blocks_)));
+  }
+
+  // Device scratch for Gemm's bfloat16 operands, grown to the largest GEMM seen.
+  Result<uint16_t*> Bf16Scratch(size_t elements) {
+    if (elements > bf16_capacity_) {
+      // cudaFree waits for the device, so a GEMM still reading the old buffer finishes.
+      bf16_scratch_.reset();
+      bf16_capacity_ = 0;
+      void* p = nullptr;
+      PS_CUDA_RETURN_IF_ERROR(
+          cudaMalloc(&p, elements * sizeof(uint16_t)),
+          "cudaMalloc(" + Bytes(elements * sizeof(uint16_t)) + ") for bfloat16 GEMM operands");
+      bf16_scratch_.reset(p);
+      bf16_capacity_ = elements;
+    }
+    return static_cast<uint16_t*>(bf16_scratch_.get());
+  }
 
   Status Init() {
     PS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_),
@@ -422,6 +684,14 @@ class CudaKernels final : public Kernels {
     name_ = prop.name;
     // Enough blocks to fill every SM several times over; grid-stride loops do the rest.
     max_blocks_ = std::max(1, prop.multiProcessorCount) * 16;
+    // TF32 and bfloat16 tensor cores start with Ampere (8.0).
+    precision_ = requested_precision_;
+    if (precision_ != GemmPrecision::kFp32 && prop.major < 8) {
+      LOG(WARNING) << "cuda:" << device_ << " (" << name_ << ") has compute capability "
+                   << prop.major << "." << prop.minor << "; Gemm precision "
+                   << Name(requested_precision_) << " needs 8.0, using fp32";
+      precision_ = GemmPrecision::kFp32;
+    }
 
     cudaStream_t stream = nullptr;
     // Non-blocking: our stream does not wait on, or hold up, the legacy default stream
@@ -445,6 +715,27 @@ class CudaKernels final : public Kernels {
     PS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, sizeof(CeScratch)),
                             "cudaMallocHost(" + Bytes(sizeof(CeScratch)) + ")");
     host_scratch_.reset(p);
+
+    p = nullptr;
+    PS_CUDA_RETURN_IF_ERROR(cudaMalloc(&p, sizeof(IndexScratch)),
+                            "cudaMalloc(" + Bytes(sizeof(IndexScratch)) + ")");
+    index_scratch_.reset(p);
+    p = nullptr;
+    PS_CUDA_RETURN_IF_ERROR(cudaMallocHost(&p, sizeof(IndexScratch)),
+                            "cudaMallocHost(" + Bytes(sizeof(IndexScratch)) + ")");
+    host_index_scratch_.reset(p);
+    PS_RETURN_IF_ERROR(ResetIndexScratch());
+    return Sync("cudaStreamSynchronize after setup");
+  }
+
+  // bad = kNoBadIndex (all ones), ops = 0.
+  Status ResetIndexScratch() {
+    auto* scratch = static_cast<IndexScratch*>(index_scratch_.get());
+    PS_CUDA_RETURN_IF_ERROR(
+        cudaMemsetAsync(&scratch->bad, 0xff, sizeof(scratch->bad), stream_.get()),
+        "cudaMemsetAsync(index scratch)");
+    PS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(&scratch->ops, 0, sizeof(scratch->ops), stream_.get()),
+                            "cudaMemsetAsync(index scratch)");
     return Status::Ok();
   }
 
@@ -456,9 +747,33 @@ class CudaKernels final : public Kernels {
     return Status::Ok();
   }
 
+  // Waits for the stream, then reports an out-of-range index that a GatherRows or
+  // ScatterAddRows since the last wait ran into (the copy of the record rides along on
+  // the stream only when one of them was issued).
   Status Sync(const char* what) {
+    const bool check = index_check_pending_;
+    index_check_pending_ = false;
+    auto* host = static_cast<IndexScratch*>(host_index_scratch_.get());
+    if (check) {
+      PS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, index_scratch_.get(), sizeof(IndexScratch),
+                                              cudaMemcpyDeviceToHost, stream_.get()),
+                              "cudaMemcpyAsync(index check to host)");
+    }
     PS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()), what);
-    return Status::Ok();
+    if (!check || host->bad == kNoBadIndex) return Status::Ok();
+    const unsigned long long bad = host->bad;
+    const unsigned int ops = host->ops;
+    PS_RETURN_IF_ERROR(ResetIndexScratch());
+    PS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_.get()),
+                            "cudaStreamSynchronize after index scratch reset");
+    const char* op = ops == kGatherOp    ? "GatherRows"
+                     : ops == kScatterOp ? "ScatterAddRows"
+                                         : "GatherRows or ScatterAddRows";
+    return InvalidArgument(std::string(op) + ": index " +
+                           std::to_string(static_cast<int32_t>(bad & 0xffffffffu)) + " of row " +
+                           std::to_string(bad >> 32) +
+                           " is outside the table (the CUDA backend skipped that row; found "
+                           "when the stream was next waited for)");
   }
 
   unsigned Blocks(size_t n) const {
@@ -467,14 +782,22 @@ class CudaKernels final : public Kernels {
   }
 
   const int device_;
+  const GemmPrecision requested_precision_;
+  GemmPrecision precision_ = GemmPrecision::kFp32;  // what the device can do of the request
   std::string name_;
   int max_blocks_ = 1;
+  // Set by GatherRows and ScatterAddRows: the next Sync reads the index record back.
+  bool index_check_pending_ = false;
+  size_t bf16_capacity_ = 0;  // elements of bf16_scratch_
   // Declaration order matters: members are destroyed in reverse, so the cuBLAS handle
   // goes before the stream it is bound to.
   StreamPtr stream_;
   CublasPtr cublas_;
-  DevicePtr scratch_;       // CeScratch on the device
-  PinnedPtr host_scratch_;  // CeScratch on the host
+  DevicePtr scratch_;             // CeScratch on the device
+  PinnedPtr host_scratch_;        // CeScratch on the host
+  DevicePtr index_scratch_;       // IndexScratch on the device
+  PinnedPtr host_index_scratch_;  // IndexScratch on the host
+  DevicePtr bf16_scratch_;        // Gemm's bfloat16 copies of A and B
 };
 
 }  // namespace
@@ -490,7 +813,10 @@ int CudaDeviceCountWithReason(std::string* why) {
   return count;
 }
 
-Result<std::unique_ptr<Kernels>> MakeCudaKernels(int device) {
+namespace {
+
+// FailedPrecondition naming what was asked and what is visible, unless GPU `device` is.
+Status CheckDeviceVisible(int device) {
   std::string why;
   const int count = CudaDeviceCountWithReason(&why);
   if (count == 0) {
@@ -503,7 +829,36 @@ Result<std::unique_ptr<Kernels>> MakeCudaKernels(int device) {
                               std::to_string(count) + " CUDA device(s) are visible (cuda:0.." +
                               "cuda:" + std::to_string(count - 1) + ")");
   }
-  return CudaKernels::Create(device);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Kernels>> MakeCudaKernels(int device, const KernelsOptions& options) {
+  PS_RETURN_IF_ERROR(CheckDeviceVisible(device));
+  return CudaKernels::Create(device, options);
+}
+
+Result<double> CudaPeakMemoryBandwidthImpl(int device) {
+  PS_RETURN_IF_ERROR(CheckDeviceVisible(device));
+  // Attributes rather than cudaDeviceProp: CUDA 13 dropped cudaDeviceProp::memoryClockRate.
+  int clock_khz = 0;
+  int bus_bits = 0;
+  const std::string where = "cuda:" + std::to_string(device);
+  cudaError_t e = cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return Unavailable(
+        where + ": cudaDeviceGetAttribute(memory clock, bus width): " + cudaGetErrorString(e));
+  }
+  if (clock_khz <= 0 || bus_bits <= 0) {
+    return Unavailable(where + " does not report its memory clock (" + std::to_string(clock_khz) +
+                       " kHz) or bus width (" + std::to_string(bus_bits) + " bits)");
+  }
+  // Double data rate: two transfers of bus_bits per memory clock.
+  return 2.0 * clock_khz * 1e3 * (bus_bits / 8.0);
 }
 
 }  // namespace ps

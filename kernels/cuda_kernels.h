@@ -16,6 +16,9 @@ int CudaDeviceCountWithReason(std::string* why);
 
 // A backend on GPU `device` (0-based). FailedPrecondition when that GPU is not visible;
 // Internal or Unavailable when the runtime or cuBLAS fails to set up.
-Result<std::unique_ptr<Kernels>> MakeCudaKernels(int device);
+Result<std::unique_ptr<Kernels>> MakeCudaKernels(int device, const KernelsOptions& options);
+
+// CudaPeakMemoryBandwidth of kernels.h.
+Result<double> CudaPeakMemoryBandwidthImpl(int device);
 
 }  // namespace ps

@@ -22,13 +22,26 @@ constexpr std::string_view kCudaPrefix = "cuda:";
 
 Status BadDevice(std::string_view device) {
   return InvalidArgument("unknown device \"" + std::string(device) +
-                         "\": expected \"cpu\", \"cuda\" or \"cuda:N\" (N = 0, 1, ...)");
+                         "\": expected \"cpu\", \"cuda\", \"cuda:N\" (N = 0, 1, ...) or "
+                         "\"auto\"");
 }
 
 }  // namespace
 
-Result<std::unique_ptr<Kernels>> MakeKernels(std::string_view device) {
+Result<std::unique_ptr<Kernels>> MakeKernels(std::string_view device,
+                                             const KernelsOptions& options) {
+  // The CPU backend computes in fp32 whatever the options say (see KernelsOptions).
   if (device == "cpu") return MakeCpuKernels();
+  if (device == "auto") {
+#if PS_WITH_CUDA
+    if (CudaDeviceCount() > 0) {
+      Result<std::unique_ptr<Kernels>> k = MakeCudaKernels(0, options);
+      if (!k.ok()) return k.status().WithContext("device \"auto\" found a GPU");
+      return k;
+    }
+#endif
+    return MakeCpuKernels();
+  }
   int index = 0;
   if (device == "cuda") {
     index = 0;
@@ -45,8 +58,9 @@ Result<std::unique_ptr<Kernels>> MakeKernels(std::string_view device) {
     return BadDevice(device);
   }
 #if PS_WITH_CUDA
-  return MakeCudaKernels(index);
+  return MakeCudaKernels(index, options);
 #else
+  (void)options;
   return FailedPrecondition("device \"" + std::string(device) +
                             "\" was asked for, but this build has no CUDA support (configure "
                             "with nvcc available and PS_WITH_CUDA=AUTO or ON)");
@@ -58,6 +72,15 @@ int CudaDeviceCount() {
   return CudaDeviceCountWithReason(nullptr);
 #else
   return 0;
+#endif
+}
+
+Result<double> CudaPeakMemoryBandwidth(int device) {
+#if PS_WITH_CUDA
+  return CudaPeakMemoryBandwidthImpl(device);
+#else
+  return FailedPrecondition("peak memory bandwidth of cuda:" + std::to_string(device) +
+                            " was asked for, but this build has no CUDA support");
 #endif
 }
 

@@ -9,6 +9,11 @@
 // Thread model: a Kernels object is used by one thread at a time (the training thread);
 // the CUDA backend runs every op on one stream it owns, so ops execute in call order.
 // CopyToHost returns when the data is on the host.
+//
+// Errors: every op returns a Status. The CUDA backend checks its arguments on the host
+// before launching; what only the device can see (an out-of-range row index, a fault in a
+// kernel) is returned by the next call that waits for the stream: Synchronize, CopyToHost,
+// SoftmaxCrossEntropy.
 #pragma once
 
 #include <cstddef>
@@ -16,10 +21,31 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "common/status.h"
 
 namespace ps {
+
+// How Gemm multiplies on backends that have a choice. Inputs and outputs stay fp32 in
+// every case; only the products inside the GEMM lose precision.
+enum class GemmPrecision {
+  kFp32,  // plain fp32 arithmetic
+  // TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation): relative error about
+  // 1e-3 of the fp32 result. CUDA devices of compute capability >= 8.0; fp32 elsewhere.
+  kTf32,
+  // A and B rounded to bfloat16 (8-bit mantissa), fp32 accumulation: relative error about
+  // 1e-2. CUDA devices of compute capability >= 8.0; fp32 elsewhere.
+  kBf16,
+};
+
+// Per-backend options for MakeKernels. The CPU backend ignores them (it always computes in
+// fp32); the CUDA backend logs a warning where the device cannot honour a setting, and
+// falls back to fp32. DeviceName() names the precision in effect when it is not fp32.
+struct KernelsOptions {
+  // Gemm's precision; kFp32 keeps CUDA results within float rounding of the CPU's.
+  GemmPrecision gemm_precision = GemmPrecision::kFp32;
+};
 
 class Kernels {
  public:
@@ -32,7 +58,21 @@ class Kernels {
   // ---- memory ----
   virtual Result<void*> AllocBytes(size_t bytes) = 0;
   virtual void FreeBytes(void* p) = 0;
+  // Host memory for staging transfers: page-locked (cudaHostAlloc) on CUDA, so that copies
+  // from and to it are direct DMA and CopyToDevice from it is asynchronous; an ordinary
+  // 64-byte aligned allocation on the CPU. 0 bytes gives nullptr. Free with FreeHostPinned
+  // of the same object, which first waits for the copies queued so far. Pinning is costly
+  // (milliseconds per call, and it takes memory from the OS for good): allocate staging
+  // buffers once and reuse them.
+  virtual Result<void*> AllocHostPinned(size_t bytes) = 0;
+  virtual void FreeHostPinned(void* p) = 0;
+  // Queues a host-to-device copy. From ordinary (pageable) host memory the data is taken
+  // before the call returns, so host_src may be reused at once. From AllocHostPinned
+  // memory (or other page-locked memory) the copy runs asynchronously on the backend's
+  // stream: host_src must stay unchanged until the next call that waits for the stream
+  // (Synchronize, CopyToHost, SoftmaxCrossEntropy) returns.
   virtual Status CopyToDevice(void* dst, const void* host_src, size_t bytes) = 0;
+  // Returns when the data is on the host (after every op issued before it).
   virtual Status CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
   // Blocks until every op issued so far has finished.
   virtual Status Synchronize() = 0;
@@ -62,15 +102,51 @@ class Kernels {
                                      double* host_loss_sum, int64_t* host_correct) = 0;
   // y = alpha * x, in place, n elements.
   virtual Status Scale(size_t n, float alpha, float* x) = 0;
+
+  // ---- sparse embedding rows ----
+  // `table` is a table_rows x width matrix, `indices` holds `rows` row numbers (device
+  // memory, like the matrices). With rows == 0 or width == 0 nothing is read or written.
+  // An index outside [0, table_rows) is an InvalidArgument error naming it: the CPU
+  // backend checks every index before writing anything; the CUDA backend skips that row's
+  // copy or update (the others are done) and returns the error from the next call that
+  // waits for the stream (see Errors above), naming the bad index of the lowest row.
+  //
+  // out[i, :] = table[indices[i], :] for i in [0, rows); out is rows x width.
+  virtual Status GatherRows(int rows, int width, const float* table, int table_rows,
+                            const int32_t* indices, float* out) = 0;
+  // table[indices[i], :] += src[i, :] for i in [0, rows); src is rows x width. Duplicate
+  // indices accumulate. On CUDA the additions to a row are atomic and their order is not
+  // fixed, so sums over duplicates may differ in the last bits from run to run.
+  virtual Status ScatterAddRows(int rows, int width, const float* src, const int32_t* indices,
+                                int table_rows, float* table) = 0;
+
+  // ---- precision conversion (gradients and parameters on the wire) ----
+  // n elements each, in the backend's memory space. Float to half (IEEE binary16) and to
+  // bfloat16 round to nearest, ties to even; values beyond the half range become +-inf,
+  // values too small for a half subnormal become +-0. NaN stays NaN, as the quiet NaN with
+  // the input's sign and no payload (half 0x7e00, bfloat16 0x7fc0, float 0x7fc00000, sign
+  // bit aside), so that every backend gives the same bits. Widening is exact otherwise.
+  virtual Status ToHalf(size_t n, const float* in, uint16_t* out) = 0;
+  virtual Status FromHalf(size_t n, const uint16_t* in, float* out) = 0;
+  virtual Status ToBfloat16(size_t n, const float* in, uint16_t* out) = 0;
+  virtual Status FromBfloat16(size_t n, const uint16_t* in, float* out) = 0;
 };
 
-// device: "cpu", "cuda" (first GPU), "cuda:N". A CUDA device where the build has no CUDA
-// support or the machine has no such GPU is an error naming what was asked and found;
-// there is no silent fallback to the CPU.
-Result<std::unique_ptr<Kernels>> MakeKernels(std::string_view device);
+// device: "cpu", "cuda" (first GPU), "cuda:N", or "auto" (the first GPU when one is
+// visible, else the CPU). A CUDA device where the build has no CUDA support or the
+// machine has no such GPU is an error naming what was asked and found; there is no silent
+// fallback to the CPU. "auto" with a visible GPU that fails to set up is that error too.
+Result<std::unique_ptr<Kernels>> MakeKernels(std::string_view device,
+                                             const KernelsOptions& options = KernelsOptions());
 
 // Number of CUDA devices visible (0 when built without CUDA or no driver).
 int CudaDeviceCount();
+
+// Peak DRAM bandwidth of CUDA device `device` in bytes per second, from its memory clock
+// and bus width (2 transfers per clock), for reading benchmark figures as a fraction of
+// it. FailedPrecondition without CUDA support or such a device; Unavailable where the
+// runtime does not report the clock or the width.
+Result<double> CudaPeakMemoryBandwidth(int device);
 
 // Sets flush-to-zero and denormals-are-zero for the calling thread: denormal floats can
 // halve a CPU training loop's speed.
@@ -110,6 +186,51 @@ class DeviceBuffer {
   size_t size() const { return n_; }
   void Reset() {
     if (k_ != nullptr && p_ != nullptr) k_->FreeBytes(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+
+ private:
+  Kernels* k_ = nullptr;
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// An owning, typed staging buffer in host memory from AllocHostPinned (see there).
+template <typename T>
+class PinnedHostBuffer {
+ public:
+  PinnedHostBuffer() = default;
+  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer(PinnedHostBuffer&& o) noexcept { *this = std::move(o); }
+  PinnedHostBuffer& operator=(PinnedHostBuffer&& o) noexcept {
+    Reset();
+    k_ = o.k_;
+    p_ = o.p_;
+    n_ = o.n_;
+    o.k_ = nullptr;
+    o.p_ = nullptr;
+    o.n_ = 0;
+    return *this;
+  }
+  ~PinnedHostBuffer() { Reset(); }
+
+  static Result<PinnedHostBuffer> Make(Kernels* k, size_t n) {
+    PinnedHostBuffer b;
+    b.k_ = k;
+    b.n_ = n;
+    if (n == 0) return b;
+    Result<void*> p = k->AllocHostPinned(n * sizeof(T));
+    if (!p.ok()) return p.status();
+    b.p_ = static_cast<T*>(p.value());
+    return b;
+  }
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+  T& operator[](size_t i) const { return p_[i]; }
+  void Reset() {
+    if (k_ != nullptr && p_ != nullptr) k_->FreeHostPinned(p_);
     p_ = nullptr;
     n_ = 0;
   }

@@ -424,9 +424,13 @@ class CoordinatorJob {
                               ? loss_sum_since_print_ / static_cast<double>(loss_examples_since_print_)
                               : 0.0;
       double rate = examples_total_ / std::max(elapsed, 1e-9);
-      std::printf("epoch %d/%d  train_loss %.4f  test_loss %.4f  test_acc %.4f  %.0f ex/s  %.1fs%s\n",
+      std::string auc = report.contains("test_auc")
+                            ? "  test_auc " + std::to_string(report.value("test_auc", 0.0)).substr(0, 6)
+                            : "";
+      std::printf("epoch %d/%d  train_loss %.4f  test_loss %.4f  test_acc %.4f%s  %.0f ex/s  %.1fs%s\n",
                   epoch, config_.epochs, train_loss, report.value("test_loss", 0.0),
-                  report.value("test_accuracy", 0.0), rate, elapsed, final_eval ? "  (final)" : "");
+                  report.value("test_accuracy", 0.0), auc.c_str(), rate, elapsed,
+                  final_eval ? "  (final)" : "");
       std::fflush(stdout);
       loss_sum_since_print_ = 0;
       loss_examples_since_print_ = 0;
@@ -504,6 +508,7 @@ class CoordinatorJob {
     const json& eval = final_eval_ ? *final_eval_ : last_eval_;
     summary["test_accuracy"] = eval.is_object() ? eval.value("test_accuracy", 0.0) : 0.0;
     summary["test_loss"] = eval.is_object() ? eval.value("test_loss", 0.0) : 0.0;
+    if (eval.is_object() && eval.contains("test_auc")) summary["test_auc"] = eval["test_auc"];
     summary["epochs"] = config_.epochs;
     summary["wall_seconds"] = wall;
     summary["train_seconds"] = train_seconds;

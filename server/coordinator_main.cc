@@ -15,7 +15,10 @@ const ps::JobConfig kDefaults;
 }
 
 // ---- job settings (see common/job_config.h for what each does) ----
-DEFINE_string(model, kDefaults.model, "mlp | none");
+DEFINE_string(model, kDefaults.model, "mlp | sparse_lr | none");
+DEFINE_string(train_data, kDefaults.train_data, "sparse_lr: LIBSVM training file");
+DEFINE_string(test_data, kDefaults.test_data, "sparse_lr: LIBSVM test file");
+DEFINE_bool(hash_features, kDefaults.hash_features, "sparse_lr: hash feature ids (xxHash)");
 DEFINE_string(mlp_layers, kDefaults.mlp_layers, "MLP layer widths, input first");
 DEFINE_string(tables, kDefaults.tables,
               "extra tables: NAME:ROWS:WIDTH[:INIT[:SCALE]],... (ROWS a count or 'sparse')");

@@ -20,7 +20,7 @@ DEFINE_double(zipf, 1.1, "exponent of the Zipf law of feature popularity; 0 = un
 DEFINE_double(nonzero_fraction, 0.2, "share of features with a non-zero true weight");
 DEFINE_double(logit_std, 4.0,
               "standard deviation of the true logit over examples; larger is easier "
-              "(4 gives a Bayes AUC near 0.9)");
+              "(4 gives a Bayes AUC of 0.92-0.94)");
 DEFINE_double(bias, 0.0, "true bias; negative makes positives rarer");
 DEFINE_string(out, "", "training file to write (required)");
 DEFINE_string(test_out, "", "held-out file to write, from the same distribution (optional)");

@@ -182,44 +182,12 @@ class CoordinatorChunkSource final : public ChunkSource {
 
 }  // namespace
 
-TrainingLoop::TrainingLoop(const JobConfig& config, int worker_id, Kernels* kernels,
-                           KVClient* client, Mlp* mlp, const ImageDataset& train,
-                           const ImageDataset& test, ProgressSink* sink, ChunkSource* chunks,
-                           double slowdown, int batch_size)
-    : config_(config), worker_id_(worker_id), kernels_(kernels), client_(client), mlp_(mlp),
-      train_(train), test_(test), sink_(sink), chunks_(chunks), slowdown_(slowdown),
-      fixed_batch_(batch_size), batch_(batch_size > 0 ? batch_size : config.batch_size) {
-  const size_t n = MlpParamSizes(mlp_->shape()).size();
-  for (size_t i = 0; i < n; ++i) {
-    const TableSpec& t = config_.table_specs[i];
-    params_.emplace_back(t.rows * t.width);
-    grads_.emplace_back(t.rows * t.width);
-  }
-}
-
-std::vector<const float*> TrainingLoop::ConstParams() const {
-  std::vector<const float*> p;
-  for (const auto& v : params_) p.push_back(v.data());
-  return p;
-}
-
-Status TrainingLoop::PullAll(RequestInfo* info) {
-  std::vector<Ticket> tickets;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const TableSpec& t = config_.table_specs[i];
-    tickets.push_back(client_->PullRange(t.id, RowRange{0, t.rows}, params_[i]));
-  }
-  Status first;
-  for (Ticket t : tickets) {
-    RequestInfo one;
-    Status s = client_->Wait(t, &one);
-    if (first.ok()) first = s;
-    // The tables' pulls were held side by side: the step waited as long as the longest.
-    info->held_seconds = std::max(info->held_seconds, one.held_seconds);
-    info->clock_lag = std::max(info->clock_lag, one.clock_lag);
-  }
-  return first;
-}
+TrainingLoop::TrainingLoop(const JobConfig& config, int worker_id, KVClient* client,
+                           TrainableModel* model, ProgressSink* sink, ChunkSource* chunks,
+                           std::string device, double slowdown, int batch_size)
+    : config_(config), worker_id_(worker_id), client_(client), model_(model), sink_(sink),
+      chunks_(chunks), device_(std::move(device)), slowdown_(slowdown), fixed_batch_(batch_size),
+      batch_(batch_size > 0 ? batch_size : config.batch_size) {}
 
 Status TrainingLoop::WaitInFlight() {
   Status first;
@@ -231,33 +199,20 @@ Status TrainingLoop::WaitInFlight() {
   return first;
 }
 
-Status TrainingLoop::PushAllAndTick() {
+Status TrainingLoop::PushAndTick() {
   PS_RETURN_IF_ERROR(WaitInFlight());
-  for (size_t i = 0; i < grads_.size(); ++i) {
-    const TableSpec& t = config_.table_specs[i];
-    in_flight_.push_back(client_->PushRange(t.id, RowRange{0, t.rows}, grads_[i]));
-  }
+  model_->Push(*client_, &in_flight_);
   in_flight_.push_back(client_->Clock());
   return Status::Ok();
 }
 
-Result<BatchResult> TrainingLoop::Evaluate() {
+Result<json> TrainingLoop::Evaluate(int epoch, bool final_eval) {
   PS_RETURN_IF_ERROR(WaitInFlight());
-  RequestInfo info;
-  PS_RETURN_IF_ERROR(PullAll(&info));
-  BatchResult r;
-  PS_RETURN_IF_ERROR(mlp_->Evaluate(test_.pixels.data(), test_.labels.data(),
-                                    static_cast<int>(test_.count), ConstParams(), &r));
-  return r;
-}
-
-json TrainingLoop::EvalLine(int epoch, const BatchResult& ev, bool final_eval) {
-  return {{"kind", "eval"},
-          {"epoch", epoch},
-          {"final", final_eval},
-          {"test_examples", ev.examples},
-          {"test_loss", ev.loss_sum / std::max<int64_t>(1, ev.examples)},
-          {"test_accuracy", static_cast<double>(ev.correct) / std::max<int64_t>(1, ev.examples)}};
+  PS_ASSIGN_OR_RETURN(json line, model_->Evaluate(*client_));
+  line["kind"] = "eval";
+  line["epoch"] = epoch;
+  line["final"] = final_eval;
+  return line;
 }
 
 json TrainingLoop::Totals() const {
@@ -268,7 +223,7 @@ json TrainingLoop::Totals() const {
           {"wait_seconds", wait_seconds_},
           {"compute_seconds", compute_seconds_},
           {"batch_size", batch_},
-          {"device", kernels_->DeviceName()}};
+          {"device", device_}};
 }
 
 Status TrainingLoop::ReportTraining(int epoch, double epoch_fraction, bool force) {
@@ -303,31 +258,24 @@ Status TrainingLoop::ReportTraining(int epoch, double epoch_fraction, bool force
   return sink_->Report(line);
 }
 
-Status TrainingLoop::TrainStep(const float* x, const int32_t* y, int n, int epoch,
+Status TrainingLoop::TrainStep(std::span<const int64_t> examples, int epoch,
                                double epoch_fraction) {
   RequestInfo info;
-  PS_RETURN_IF_ERROR(PullAll(&info));
+  PS_RETURN_IF_ERROR(model_->Pull(*client_, examples, &info));
   auto compute_start = SteadyClock::now();
-  std::vector<float*> grad_ptrs;
-  for (auto& g : grads_) grad_ptrs.push_back(g.data());
+  // A push is its batch's mean gradient; scaled by n / batch_size, every example weighs the
+  // same in the model whichever worker, and whichever batch size, it went through.
+  const float scale = static_cast<float>(examples.size()) / static_cast<float>(config_.batch_size);
   BatchResult br;
-  PS_RETURN_IF_ERROR(mlp_->ForwardBackward(x, y, n, ConstParams(), grad_ptrs, &br));
-  if (n != config_.batch_size) {
-    // A push is its batch's mean gradient; scaled by n / batch_size, every example weighs
-    // the same in the model whichever worker, and whichever batch size, it went through.
-    const float scale = static_cast<float>(n) / static_cast<float>(config_.batch_size);
-    for (auto& g : grads_) {
-      for (float& v : g) v *= scale;
-    }
-  }
+  PS_RETURN_IF_ERROR(model_->Compute(examples, scale, &br));
   if (slowdown_ > 1) {
     // A deliberate straggler (--slowdown): as if the device were this much slower.
     std::this_thread::sleep_for((SteadyClock::now() - compute_start) * (slowdown_ - 1));
   }
   compute_seconds_ += SecondsSince(compute_start);
-  PS_RETURN_IF_ERROR(PushAllAndTick());
+  PS_RETURN_IF_ERROR(PushAndTick());
   ++steps_;
-  examples_ += n;
+  examples_ += static_cast<int64_t>(examples.size());
   wait_seconds_ += info.held_seconds;
   interval_wait_ += info.held_seconds;
   interval_lag_ = std::max(interval_lag_, info.clock_lag);
@@ -339,23 +287,15 @@ Status TrainingLoop::TrainStep(const float* x, const int32_t* y, int n, int epoc
 
 Status TrainingLoop::TrainChunk(const LeaseTable::Lease& lease, const std::atomic<bool>& stop) {
   if (order_epoch_ != lease.epoch) {
-    order_ = EpochOrder(config_.seed, lease.epoch, train_.count);
+    order_ = EpochOrder(config_.seed, lease.epoch, model_->train_examples());
     order_epoch_ = lease.epoch;
   }
-  const size_t dim = static_cast<size_t>(train_.rows) * static_cast<size_t>(train_.cols);
   for (uint64_t begin = lease.begin; begin < lease.end; begin += static_cast<uint64_t>(batch_)) {
     if (stop.load()) return Aborted("stopped by signal");
-    const int n = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(batch_), lease.end - begin));
-    x_.resize(static_cast<size_t>(n) * dim);
-    y_.resize(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) {
-      const int64_t e = order_[begin + static_cast<uint64_t>(i)];
-      std::copy_n(train_.pixels.data() + static_cast<size_t>(e) * dim, dim,
-                  x_.data() + static_cast<size_t>(i) * dim);
-      y_[static_cast<size_t>(i)] = train_.labels[static_cast<size_t>(e)];
-    }
-    const double fraction = static_cast<double>(begin + static_cast<uint64_t>(n)) / train_.count;
-    PS_RETURN_IF_ERROR(TrainStep(x_.data(), y_.data(), n, lease.epoch, fraction));
+    const uint64_t n = std::min<uint64_t>(static_cast<uint64_t>(batch_), lease.end - begin);
+    std::span<const int64_t> examples(order_.data() + begin, n);
+    const double fraction = static_cast<double>(begin + n) / model_->train_examples();
+    PS_RETURN_IF_ERROR(TrainStep(examples, lease.epoch, fraction));
   }
   return Status::Ok();
 }
@@ -364,7 +304,7 @@ Status TrainingLoop::Run(const std::atomic<bool>& stop) {
   start_ = last_report_ = SteadyClock::now();
   stats_at_report_ = client_->stats();
   ChunkSource::Request request;
-  request.dataset_size = static_cast<uint64_t>(train_.count);
+  request.dataset_size = static_cast<uint64_t>(model_->train_examples());
   bool in_clock_table = true;
   int epoch = 1;
   while (true) {
@@ -373,16 +313,17 @@ Status TrainingLoop::Run(const std::atomic<bool>& stop) {
     PS_ASSIGN_OR_RETURN(ChunkSource::Next next, chunks_->Lease(worker_id_, request));
     request.completed_epoch = 0;
     if (fixed_batch_ == 0 && next.batch_size > 0) {
-      if (next.batch_size > mlp_->max_batch()) {
+      if (next.batch_size > model_->max_batch()) {
         return Internal("the coordinator asked for batches of " + std::to_string(next.batch_size) +
-                        ", more than this worker's limit of " + std::to_string(mlp_->max_batch()));
+                        ", more than this worker's limit of " +
+                        std::to_string(model_->max_batch()));
       }
       batch_ = next.batch_size;
     }
     if (next.evaluate_epoch > 0) {
       PS_RETURN_IF_ERROR(ReportTraining(epoch, 1.0, true));
-      PS_ASSIGN_OR_RETURN(BatchResult ev, Evaluate());
-      PS_RETURN_IF_ERROR(sink_->Report(EvalLine(next.evaluate_epoch, ev, false)));
+      PS_ASSIGN_OR_RETURN(json line, Evaluate(next.evaluate_epoch, false));
+      PS_RETURN_IF_ERROR(sink_->Report(line));
     }
     if (next.kind == ChunkSource::Next::Kind::kFinished) break;
     if (next.kind == ChunkSource::Next::Kind::kWait) {
@@ -417,34 +358,13 @@ namespace {
 Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
              Transport* transport, const std::atomic<bool>& stop, json* totals, bool* done_sent) {
   const JobConfig& config = reg.config;
-  if (config.model != "mlp") {
-    return InvalidArgument("ps_worker trains --model=mlp; this job's model is '" + config.model +
-                           "'");
-  }
-  PS_ASSIGN_OR_RETURN(std::vector<int> layers, ParseIntList("mlp_layers", config.mlp_layers));
-  MlpShape shape{layers};
-  std::vector<size_t> sizes = MlpParamSizes(shape);
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    const TableSpec& t = config.table_specs[i];
-    if (sizes[i] != t.rows * t.width) {
-      return Internal("table '" + t.name + "' does not match the MLP's parameter " +
-                      std::to_string(i));
-    }
-  }
-  LOG(INFO) << "worker " << reg.id << ": loading " << config.data_dir;
-  PS_ASSIGN_OR_RETURN(ImageDataset train, LoadIdxDataset(config.data_dir, "train"));
-  PS_ASSIGN_OR_RETURN(ImageDataset test, LoadIdxDataset(config.data_dir, "t10k"));
-  if (static_cast<int64_t>(train.rows) * train.cols != layers.front()) {
-    return InvalidArgument("the data has " + std::to_string(train.rows * train.cols) +
-                           " inputs per example but --mlp_layers starts with " +
-                           std::to_string(layers.front()));
-  }
   // With --batch_size=auto a worker's batch follows its share of the job's throughput, at
   // most every worker's batches together.
   const int max_batch = std::max(options.batch_size,
                                  config.auto_batch ? config.batch_size * config.num_workers
                                                    : config.batch_size);
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<Mlp> mlp, Mlp::Create(shape, kernels, max_batch));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<TrainableModel> model,
+                      LoadModel(config, kernels, max_batch));
   KVClientOptions copt;
   copt.client_id = reg.id;
   copt.request_timeout = options.request_timeout;
@@ -452,16 +372,16 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
                       KVClient::Create(transport, config, reg.server_endpoints, copt));
   CoordinatorSink sink(reg.coordinator.get(), reg.id);
   CoordinatorChunkSource chunks(reg.coordinator.get());
-  TrainingLoop loop(config, reg.id, kernels, client.get(), mlp.get(), train, test, &sink,
-                    &chunks, options.slowdown, options.batch_size);
+  TrainingLoop loop(config, reg.id, client.get(), model.get(), &sink, &chunks,
+                    kernels->DeviceName(), options.slowdown, options.batch_size);
   Status s = loop.Run(stop);
   *totals = loop.Totals();
   if (!s.ok()) return s;
   *done_sent = true;
   PS_RETURN_IF_ERROR(SendDone(*reg.coordinator, reg.id, *totals, Status::Ok(), stop));
   if (reg.id == 0) {
-    PS_ASSIGN_OR_RETURN(BatchResult ev, loop.Evaluate());
-    PS_RETURN_IF_ERROR(sink.Report(TrainingLoop::EvalLine(config.epochs, ev, true)));
+    PS_ASSIGN_OR_RETURN(json line, loop.Evaluate(config.epochs, true));
+    PS_RETURN_IF_ERROR(sink.Report(line));
   }
   KVClientStats cs = client->stats();
   LOG(INFO) << "worker " << reg.id << " done: pushes " << cs.pushes << " pulls " << cs.pulls

@@ -29,9 +29,8 @@
 #include "common/status.h"
 #include "common/transport.h"
 #include "kernels/kernels.h"
-#include "worker/idx_reader.h"
 #include "worker/kv_client.h"
-#include "worker/mlp.h"
+#include "worker/model.h"
 
 namespace ps {
 
@@ -105,52 +104,39 @@ class LocalChunkSource final : public ChunkSource {
 
 class TrainingLoop {
  public:
-  // All pointers are borrowed and must outlive the loop. The job's model must be the MLP
-  // whose tables are the first of config.table_specs.
-  // `batch_size` 0 takes the job's; max_batch of `mlp` must cover the batches the chunk
-  // source may ask for.
-  TrainingLoop(const JobConfig& config, int worker_id, Kernels* kernels, KVClient* client,
-               Mlp* mlp, const ImageDataset& train, const ImageDataset& test, ProgressSink* sink,
-               ChunkSource* chunks, double slowdown = 1, int batch_size = 0);
+  // All pointers are borrowed and must outlive the loop. `batch_size` 0 takes the job's
+  // (or the chunk source's); the model's max_batch must cover what the source may ask for.
+  TrainingLoop(const JobConfig& config, int worker_id, KVClient* client, TrainableModel* model,
+               ProgressSink* sink, ChunkSource* chunks, std::string device, double slowdown = 1,
+               int batch_size = 0);
 
   // Trains on leased chunks until every epoch is done, then leaves the clock table.
   Status Run(const std::atomic<bool>& stop);
-  // Pulls the current model and evaluates it on the test set.
-  Result<BatchResult> Evaluate();
-  // The parameters of the last pull, by table.
-  const std::vector<std::vector<float>>& params() const { return params_; }
+  // Pulls the current model and evaluates it on the test set: an `eval` metrics line.
+  Result<nlohmann::json> Evaluate(int epoch, bool final_eval);
   // examples, steps, seconds, wait_seconds, device.
   nlohmann::json Totals() const;
-  static nlohmann::json EvalLine(int epoch, const BatchResult& result, bool final_eval);
 
  private:
-  Status PullAll(RequestInfo* info);
-  Status PushAllAndTick();
-  Status TrainChunk(const LeaseTable::Lease& lease, const std::atomic<bool>& stop);
-  Status TrainStep(const float* x, const int32_t* y, int n, int epoch, double epoch_fraction);
+  Status PushAndTick();
   Status WaitInFlight();
+  Status TrainChunk(const LeaseTable::Lease& lease, const std::atomic<bool>& stop);
+  Status TrainStep(std::span<const int64_t> examples, int epoch, double epoch_fraction);
   Status ReportTraining(int epoch, double epoch_fraction, bool force);
-  std::vector<const float*> ConstParams() const;
 
   const JobConfig& config_;
   const int worker_id_;
-  Kernels* kernels_;
   KVClient* client_;
-  Mlp* mlp_;
-  const ImageDataset& train_;
-  const ImageDataset& test_;
+  TrainableModel* model_;
   ProgressSink* sink_;
   ChunkSource* chunks_;
+  const std::string device_;
   const double slowdown_;
   const int fixed_batch_;  // this worker's own batch size; 0: follow the chunk source
   int batch_ = 0;          // the batch size in use
   std::vector<int64_t> order_;  // the current epoch's example order
   int order_epoch_ = 0;
-  std::vector<float> x_;
-  std::vector<int32_t> y_;
   double compute_seconds_ = 0;  // forward/backward (and --slowdown), for the throughput
-
-  std::vector<std::vector<float>> params_, grads_;
   std::vector<Ticket> in_flight_;  // this step's pushes and clock tick
 
   // Totals and the current report interval.

@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <csignal>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -148,5 +150,77 @@ class JobTest : public ::testing::Test {
 
   TempDir dir_{"ps_job_test_"};
 };
+
+// ---- whole jobs through scripts/launch_local.sh ----
+
+struct LaunchResult {
+  int exit_status = -1;
+  double seconds = 0;
+  std::string logs;  // the script's console and the tail of every process's log
+  json summary;      // summary.json (null when missing)
+  std::vector<json> metrics;  // metrics.jsonl, line by line
+  // ps_* processes of the job still alive after the script exited.
+  std::vector<ProcessInfo> leftovers;
+};
+
+// Runs `scripts/launch_local.sh ARGS... --no_build --run_dir RUN_DIR` and collects what it
+// left. The script gets SIGTERM should the test die (it then stops its job).
+inline Result<LaunchResult> RunLaunchLocal(const std::vector<std::string>& args,
+                                           const std::string& run_dir, const std::string& log,
+                                           std::chrono::seconds timeout) {
+  // The script finds the binaries through PS_BIN_DIR (ctest sets it; a direct run too).
+  const std::string bin_dir =
+      std::filesystem::path(BinaryPath("ps_coordinator")).parent_path().string();
+  setenv("PS_BIN_DIR", bin_dir.c_str(), /*overwrite=*/0);
+  std::vector<std::string> argv = {"/bin/bash", SourceDir() + "/scripts/launch_local.sh"};
+  std::vector<std::string> job_flags;
+  bool after_dashes = false;
+  for (const std::string& a : args) {
+    if (a == "--") after_dashes = true;
+    (after_dashes ? job_flags : argv).push_back(a);
+  }
+  argv.insert(argv.end(), {"--no_build", "--run_dir", run_dir});
+  argv.insert(argv.end(), job_flags.begin(), job_flags.end());
+  PS_ASSIGN_OR_RETURN(ChildProcess job, ChildProcess::Spawn(argv, log, SIGTERM));
+  const auto start = SteadyClock::now();
+  PS_ASSIGN_OR_RETURN(int rc, job.WaitExit(DeadlineIn(timeout)));
+  LaunchResult r;
+  r.exit_status = rc;
+  r.seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
+  r.logs = "---- launch_local.sh ----\n" + TailOfFile(log, 40);
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(run_dir + "/logs", ec)) {
+    r.logs += "---- " + e.path().filename().string() + " ----\n" + TailOfFile(e.path().string(), 20);
+  }
+  // Nothing the script started may outlive it: its process group, and any process whose
+  // command line names the run directory or the coordinator's endpoint (servers and
+  // workers carry only the endpoint). Zombies have exited and do not count.
+  Result<std::string> endpoint = ReadFile(run_dir + "/coordinator.endpoint");
+  std::string ep = endpoint.ok() ? *endpoint : "";
+  while (!ep.empty() && (ep.back() == '\n' || ep.back() == '\r')) ep.pop_back();
+  for (const ProcessInfo& p : ScanProcesses()) {
+    if (p.state == 'Z' || p.comm.rfind("ps_", 0) != 0) continue;
+    if (p.pgid == job.pid() || p.cmdline.find(run_dir) != std::string::npos ||
+        (!ep.empty() && p.cmdline.find(ep) != std::string::npos)) {
+      r.leftovers.push_back(p);
+    }
+  }
+  if (Result<std::string> text = ReadFile(run_dir + "/summary.json"); text.ok()) {
+    r.summary = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  }
+  if (Result<std::string> text = ReadFile(run_dir + "/metrics.jsonl"); text.ok()) {
+    std::istringstream lines(*text);
+    for (std::string line; std::getline(lines, line);) {
+      if (!line.empty()) r.metrics.push_back(json::parse(line, nullptr, false));
+    }
+  }
+  return r;
+}
+
+inline std::string Describe(const std::vector<ProcessInfo>& ps) {
+  std::ostringstream s;
+  for (const ProcessInfo& p : ps) s << "  pid " << p.pid << " " << p.cmdline << "\n";
+  return s.str();
+}
 
 }  // namespace ps::itest

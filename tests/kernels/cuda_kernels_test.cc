@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -243,6 +244,346 @@ TEST_F(CudaKernelsTest, SoftmaxCrossEntropyEmptyAndBadLabels) {
   EXPECT_TRUE(
       gpu_->SoftmaxCrossEntropy(40, 4, dl.get(), dlab.get(), 1.0f, nullptr, &loss, &correct).ok());
   EXPECT_NEAR(loss, 40 * std::log(4.0), 1e-4);
+}
+
+// ---- sparse embedding rows ----
+
+struct SparseCase {
+  int rows;
+  int width;
+  int table_rows;
+};
+// Widths: 1, odd, multiples of 4 (the 16-byte path), wider than a block; empty shapes.
+const std::vector<SparseCase> kSparseCases = {
+    {0, 5, 3},   {5, 0, 3},    {1, 1, 1},       {7, 3, 10},       {64, 33, 17},  {100, 128, 50},
+    {3, 257, 2}, {1000, 4, 7}, {4097, 64, 300}, {513, 300, 1000}, {20000, 1, 5}, {10, 1024, 3}};
+
+std::vector<int32_t> RandomIndices(int rows, int table_rows, std::mt19937& rng) {
+  std::vector<int32_t> idx(rows);
+  if (table_rows == 0) return idx;
+  std::uniform_int_distribution<int32_t> pick(0, table_rows - 1);
+  for (int32_t& i : idx) i = pick(rng);
+  return idx;
+}
+
+TEST_F(CudaKernelsTest, GatherRowsMatchesCpu) {
+  for (const SparseCase& c : kSparseCases) {
+    SCOPED_TRACE(testing::Message()
+                 << c.rows << " rows of " << c.width << " from " << c.table_rows);
+    std::vector<float> table = RandomVector(static_cast<size_t>(c.table_rows) * c.width, rng_);
+    std::vector<int32_t> idx = RandomIndices(c.rows, c.table_rows, rng_);
+    std::vector<float> out(static_cast<size_t>(c.rows) * c.width, 99.0f);
+    DeviceBuffer<float> dt = Upload(table), dout = Upload(out);
+    DeviceBuffer<int32_t> didx = Upload(idx);
+    ASSERT_TRUE(
+        gpu_->GatherRows(c.rows, c.width, dt.get(), c.table_rows, didx.get(), dout.get()).ok());
+    ASSERT_TRUE(
+        cpu_->GatherRows(c.rows, c.width, table.data(), c.table_rows, idx.data(), out.data()).ok());
+    EXPECT_EQ(Download(dout), out);
+    ASSERT_TRUE(gpu_->Synchronize().ok());
+  }
+}
+
+TEST_F(CudaKernelsTest, GatherRowsFromMisalignedRows) {
+  // A width of 4k floats but a table starting 4 bytes into its buffer: the 16-byte path
+  // must not be taken.
+  const int rows = 33, width = 8, table_rows = 9;
+  std::vector<float> padded = RandomVector(1 + table_rows * width, rng_);
+  std::vector<int32_t> idx = RandomIndices(rows, table_rows, rng_);
+  DeviceBuffer<float> dt = Upload(padded), dout = Upload(std::vector<float>(rows * width + 1));
+  DeviceBuffer<int32_t> didx = Upload(idx);
+  ASSERT_TRUE(
+      gpu_->GatherRows(rows, width, dt.get() + 1, table_rows, didx.get(), dout.get() + 1).ok());
+  std::vector<float> out(rows * width);
+  ASSERT_TRUE(
+      cpu_->GatherRows(rows, width, padded.data() + 1, table_rows, idx.data(), out.data()).ok());
+  const std::vector<float> got = Download(dout);
+  EXPECT_EQ(std::vector<float>(got.begin() + 1, got.end()), out);
+}
+
+TEST_F(CudaKernelsTest, ScatterAddRowsMatchesCpu) {
+  for (const SparseCase& c : kSparseCases) {
+    SCOPED_TRACE(testing::Message()
+                 << c.rows << " rows of " << c.width << " into " << c.table_rows);
+    std::vector<float> table = RandomVector(static_cast<size_t>(c.table_rows) * c.width, rng_);
+    std::vector<float> src = RandomVector(static_cast<size_t>(c.rows) * c.width, rng_);
+    std::vector<int32_t> idx = RandomIndices(c.rows, c.table_rows, rng_);
+    DeviceBuffer<float> dt = Upload(table), dsrc = Upload(src);
+    DeviceBuffer<int32_t> didx = Upload(idx);
+    ASSERT_TRUE(
+        gpu_->ScatterAddRows(c.rows, c.width, dsrc.get(), didx.get(), c.table_rows, dt.get()).ok());
+    ASSERT_TRUE(
+        cpu_->ScatterAddRows(c.rows, c.width, src.data(), idx.data(), c.table_rows, table.data())
+            .ok());
+    std::vector<int> hits(c.table_rows, 0);
+    for (int32_t i : idx) ++hits[i];
+    const std::vector<float> got = Download(dt);
+    // Atomic additions in any order: float rounding per addition, scaled by the count.
+    for (size_t e = 0; e < got.size(); ++e) {
+      ASSERT_NEAR(got[e], table[e], 2e-6 * (hits[e / c.width] + 1)) << "element " << e;
+    }
+  }
+}
+
+TEST_F(CudaKernelsTest, ScatterAddRowsAllIntoOneRow) {
+  // The worst case for atomics: every row of src lands on table row 2.
+  const int rows = 5000, width = 37, table_rows = 4;
+  std::vector<float> table(table_rows * width, 1.0f);
+  std::vector<float> src = RandomVector(static_cast<size_t>(rows) * width, rng_);
+  std::vector<int32_t> idx(rows, 2);
+  DeviceBuffer<float> dt = Upload(table), dsrc = Upload(src);
+  DeviceBuffer<int32_t> didx = Upload(idx);
+  ASSERT_TRUE(gpu_->ScatterAddRows(rows, width, dsrc.get(), didx.get(), table_rows, dt.get()).ok());
+  const std::vector<float> got = Download(dt);
+  for (int j = 0; j < width; ++j) {
+    double sum = 1.0;
+    for (int i = 0; i < rows; ++i) sum += src[static_cast<size_t>(i) * width + j];
+    EXPECT_NEAR(got[2 * width + j], sum, 1e-6 * rows) << j;
+    EXPECT_EQ(got[j], 1.0f) << "an untouched row changed";
+  }
+}
+
+TEST_F(CudaKernelsTest, BadIndexIsReportedAtTheNextWait) {
+  const int rows = 40, width = 5, table_rows = 6;
+  std::vector<float> table = RandomVector(table_rows * width, rng_);
+  std::vector<int32_t> idx = RandomIndices(rows, table_rows, rng_);
+  idx[30] = -3;
+  idx[12] = table_rows;  // the lowest bad row: the one named
+  DeviceBuffer<float> dt = Upload(table), dout = Upload(std::vector<float>(rows * width, 7.0f));
+  DeviceBuffer<int32_t> didx = Upload(idx);
+  ASSERT_TRUE(gpu_->GatherRows(rows, width, dt.get(), table_rows, didx.get(), dout.get()).ok())
+      << "the check runs on the device; the call itself only launches";
+  Status s = gpu_->Synchronize();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("GatherRows: index 6 of row 12"), std::string::npos) << s.message();
+  // The good rows were gathered, the bad ones skipped.
+  const std::vector<float> got = Download(dout);
+  for (int i = 0; i < rows; ++i) {
+    for (int j = 0; j < width; ++j) {
+      const float want = (i == 12 || i == 30) ? 7.0f : table[idx[i] * width + j];
+      ASSERT_EQ(got[i * width + j], want) << i << "," << j;
+    }
+  }
+  // Reported once; the backend carries on.
+  EXPECT_TRUE(gpu_->Synchronize().ok());
+  // The scatter reports through CopyToHost as well, and leaves the table's other rows right.
+  std::vector<float> src = RandomVector(rows * width, rng_);
+  DeviceBuffer<float> dsrc = Upload(src);
+  ASSERT_TRUE(gpu_->ScatterAddRows(rows, width, dsrc.get(), didx.get(), table_rows, dt.get()).ok());
+  std::vector<float> host(table.size());
+  s = gpu_->CopyToHost(host.data(), dt.get(), host.size() * sizeof(float));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("ScatterAddRows: index 6 of row 12"), std::string::npos)
+      << s.message();
+  idx[12] = 0;
+  idx[30] = 0;
+  ASSERT_TRUE(
+      cpu_->ScatterAddRows(rows, width, src.data(), idx.data(), table_rows, table.data()).ok());
+  // The CPU added rows 12 and 30 to table row 0; take them off again to compare.
+  for (int j = 0; j < width; ++j) table[j] -= src[12 * width + j] + src[30 * width + j];
+  const std::vector<float> got_table = Download(dt);
+  for (size_t e = 0; e < table.size(); ++e) ASSERT_NEAR(got_table[e], table[e], 1e-4) << e;
+  EXPECT_TRUE(gpu_->Synchronize().ok());
+}
+
+// ---- precision conversion: bit for bit against the CPU ----
+
+std::vector<float> ConversionInputs(std::mt19937& rng, size_t random_count) {
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          65504.0f,
+                          65520.0f,
+                          0.1f,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          -std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::signaling_NaN(),
+                          std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::denorm_min(),
+                          std::numeric_limits<float>::min()};
+  for (int e = -27; e <= -13; ++e) {
+    for (double f : {1.0, 1.5, 2.5, 0.75}) v.push_back(static_cast<float>(std::ldexp(f, e)));
+  }
+  std::uniform_int_distribution<uint32_t> bits;
+  while (v.size() < random_count) {
+    const uint32_t x = bits(rng);
+    float f;
+    static_assert(sizeof(f) == sizeof(x));
+    std::memcpy(&f, &x, sizeof(f));
+    v.push_back(f);
+  }
+  return v;
+}
+
+std::vector<uint32_t> FloatBits(const std::vector<float>& v) {
+  std::vector<uint32_t> out(v.size());
+  std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
+  return out;
+}
+
+TEST_F(CudaKernelsTest, ToHalfAndBfloat16MatchCpuBitForBit) {
+  // An odd count over several grid strides.
+  const std::vector<float> in = ConversionInputs(rng_, (size_t{1} << 22) + 3);
+  DeviceBuffer<float> din = Upload(in);
+  std::vector<uint16_t> h(in.size()), b(in.size());
+  DeviceBuffer<uint16_t> dh = Upload(h), db = Upload(b);
+  ASSERT_TRUE(gpu_->ToHalf(in.size(), din.get(), dh.get()).ok());
+  ASSERT_TRUE(gpu_->ToBfloat16(in.size(), din.get(), db.get()).ok());
+  ASSERT_TRUE(cpu_->ToHalf(in.size(), in.data(), h.data()).ok());
+  ASSERT_TRUE(cpu_->ToBfloat16(in.size(), in.data(), b.data()).ok());
+  const std::vector<uint16_t> got_h = Download(dh), got_b = Download(db);
+  for (size_t i = 0; i < in.size(); ++i) {
+    ASSERT_EQ(got_h[i], h[i]) << "ToHalf of " << std::hexfloat << in[i];
+    ASSERT_EQ(got_b[i], b[i]) << "ToBfloat16 of " << std::hexfloat << in[i];
+  }
+  EXPECT_TRUE(gpu_->ToHalf(0, nullptr, nullptr).ok());
+  EXPECT_TRUE(gpu_->ToBfloat16(0, nullptr, nullptr).ok());
+}
+
+TEST_F(CudaKernelsTest, FromHalfAndBfloat16MatchCpuBitForBit) {
+  std::vector<uint16_t> all(65536);
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<uint16_t>(i);
+  DeviceBuffer<uint16_t> din = Upload(all);
+  DeviceBuffer<float> dh = Upload(std::vector<float>(all.size()));
+  DeviceBuffer<float> db = Upload(std::vector<float>(all.size()));
+  ASSERT_TRUE(gpu_->FromHalf(all.size(), din.get(), dh.get()).ok());
+  ASSERT_TRUE(gpu_->FromBfloat16(all.size(), din.get(), db.get()).ok());
+  std::vector<float> h(all.size()), b(all.size());
+  ASSERT_TRUE(cpu_->FromHalf(all.size(), all.data(), h.data()).ok());
+  ASSERT_TRUE(cpu_->FromBfloat16(all.size(), all.data(), b.data()).ok());
+  const std::vector<uint32_t> got_h = FloatBits(Download(dh)), got_b = FloatBits(Download(db));
+  const std::vector<uint32_t> want_h = FloatBits(h), want_b = FloatBits(b);
+  for (size_t i = 0; i < all.size(); ++i) {
+    ASSERT_EQ(got_h[i], want_h[i]) << "FromHalf of 0x" << std::hex << i;
+    ASSERT_EQ(got_b[i], want_b[i]) << "FromBfloat16 of 0x" << std::hex << i;
+  }
+  EXPECT_TRUE(gpu_->FromHalf(0, nullptr, nullptr).ok());
+  EXPECT_TRUE(gpu_->FromBfloat16(0, nullptr, nullptr).ok());
+}
+
+// ---- GEMM precision ----
+
+// ||got - want|| / ||want|| over all elements.
+double RelativeError(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    diff += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    norm += static_cast<double>(want[i]) * want[i];
+  }
+  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
+}
+
+void CheckGemmPrecision(Kernels* cpu, GemmPrecision precision, double max_error) {
+  KernelsOptions options;
+  options.gemm_precision = precision;
+  Result<std::unique_ptr<Kernels>> made = MakeKernels("cuda", options);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Kernels* gpu = made->get();
+  std::mt19937 rng(4242);
+  const std::vector<std::tuple<int, int, int>> shapes = {{1, 1, 1}, {3, 5, 7},   {64, 256, 784},
+                                                         {1, 7, 1}, {31, 1, 65}, {257, 129, 300},
+                                                         {0, 5, 3}, {5, 3, 0}};
+  for (const auto& [m, n, k] : shapes) {
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      for (const auto& [alpha, beta] : std::vector<std::pair<float, float>>{{1, 0}, {-1.5f, 1}}) {
+        SCOPED_TRACE(testing::Message() << "m=" << m << " n=" << n << " k=" << k << " ta=" << ta
+                                        << " tb=" << tb << " beta=" << beta);
+        std::vector<float> a = RandomVector(static_cast<size_t>(m) * k, rng);
+        std::vector<float> b = RandomVector(static_cast<size_t>(k) * n, rng);
+        std::vector<float> c = RandomVector(static_cast<size_t>(m) * n, rng);
+        auto upload = [&](const std::vector<float>& host) {
+          DeviceBuffer<float> buf = std::move(DeviceBuffer<float>::Make(gpu, host.size())).value();
+          EXPECT_TRUE(gpu->CopyToDevice(buf.get(), host.data(), host.size() * sizeof(float)).ok());
+          return buf;
+        };
+        DeviceBuffer<float> da = upload(a), db = upload(b), dc = upload(c);
+        ASSERT_TRUE(gpu->Gemm(ta, tb, m, n, k, alpha, da.get(), db.get(), beta, dc.get()).ok());
+        ASSERT_TRUE(cpu->Gemm(ta, tb, m, n, k, alpha, a.data(), b.data(), beta, c.data()).ok());
+        std::vector<float> got(c.size());
+        ASSERT_TRUE(gpu->CopyToHost(got.data(), dc.get(), got.size() * sizeof(float)).ok());
+        EXPECT_LT(RelativeError(got, c), max_error);
+      }
+    }
+  }
+}
+
+// Bounds: each product carries the rounding of both inputs, at most 2 * 2^-10 for TF32
+// (even if truncated) and 2 * 2^-8 for bfloat16; random signs make the norm-wise error
+// smaller still.
+TEST_F(CudaKernelsTest, GemmTf32IsCloseToFp32) {
+  CheckGemmPrecision(cpu_.get(), GemmPrecision::kTf32, 2.5e-3);
+}
+
+TEST_F(CudaKernelsTest, GemmBf16IsCloseToFp32) {
+  CheckGemmPrecision(cpu_.get(), GemmPrecision::kBf16, 1e-2);
+}
+
+// ---- pinned staging buffers ----
+
+TEST_F(CudaKernelsTest, PinnedStagingRoundTrip) {
+  const size_t n = (size_t{1} << 20) + 5;
+  const std::vector<float> data = RandomVector(n, rng_);
+  Result<PinnedHostBuffer<float>> up = PinnedHostBuffer<float>::Make(gpu_.get(), n);
+  ASSERT_TRUE(up.ok()) << up.status().ToString();
+  std::copy(data.begin(), data.end(), up->get());
+  DeviceBuffer<float> dev = std::move(DeviceBuffer<float>::Make(gpu_.get(), n)).value();
+  // Asynchronous from pinned memory; freeing the staging buffer waits for the copy.
+  ASSERT_TRUE(gpu_->CopyToDevice(dev.get(), up->get(), n * sizeof(float)).ok());
+  up->Reset();
+  Result<PinnedHostBuffer<float>> down = PinnedHostBuffer<float>::Make(gpu_.get(), n);
+  ASSERT_TRUE(down.ok());
+  ASSERT_TRUE(gpu_->CopyToHost(down->get(), dev.get(), n * sizeof(float)).ok());
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), down->get()));
+  Result<void*> none = gpu_->AllocHostPinned(0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none.value(), nullptr);
+  gpu_->FreeHostPinned(nullptr);
+}
+
+TEST_F(CudaKernelsTest, PinnedCopiesOverlapAndStayInOrder) {
+  // Several async uploads from one staging buffer's disjoint parts, then ops on them: the
+  // stream keeps the order, Synchronize makes the staging buffer reusable.
+  const int parts = 8;
+  const size_t n = 4099;
+  Result<PinnedHostBuffer<float>> staging = PinnedHostBuffer<float>::Make(gpu_.get(), parts * n);
+  ASSERT_TRUE(staging.ok());
+  std::vector<float> all = RandomVector(parts * n, rng_);
+  std::copy(all.begin(), all.end(), staging->get());
+  DeviceBuffer<float> dev = std::move(DeviceBuffer<float>::Make(gpu_.get(), parts * n)).value();
+  for (int p = 0; p < parts; ++p) {
+    ASSERT_TRUE(
+        gpu_->CopyToDevice(dev.get() + p * n, staging->get() + p * n, n * sizeof(float)).ok());
+    ASSERT_TRUE(gpu_->Scale(n, 2.0f, dev.get() + p * n).ok());
+  }
+  ASSERT_TRUE(gpu_->Synchronize().ok());
+  std::fill(staging->get(), staging->get() + parts * n, 0.0f);
+  const std::vector<float> got = Download(dev);
+  for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(got[i], 2.0f * all[i]) << i;
+}
+
+// ---- device selection ----
+
+TEST(CudaMakeKernelsTest, AutoPicksTheGpu) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+  Result<std::unique_ptr<Kernels>> k = MakeKernels("auto");
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  EXPECT_TRUE((*k)->IsCuda());
+  EXPECT_NE((*k)->DeviceName().find("(cuda:0"), std::string::npos) << (*k)->DeviceName();
+}
+
+TEST(CudaMakeKernelsTest, PeakMemoryBandwidth) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+  Result<double> bw = CudaPeakMemoryBandwidth(0);
+  if (!bw.ok()) {
+    EXPECT_EQ(bw.status().code(), StatusCode::kUnavailable) << bw.status().ToString();
+    GTEST_SKIP() << bw.status().ToString();
+  }
+  EXPECT_GT(*bw, 1e10) << "below 10 GB/s: the units are off";
+  EXPECT_LT(*bw, 1e14);
+  EXPECT_FALSE(CudaPeakMemoryBandwidth(CudaDeviceCount()).ok());
 }
 
 TEST(CudaMakeKernelsTest, OutOfRangeIndexIsFailedPrecondition) {

@@ -1,0 +1,247 @@
+#include "worker/model.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <glog/logging.h>
+
+#include "worker/idx_reader.h"
+#include "worker/libsvm_reader.h"
+#include "worker/sparse_lr.h"
+
+namespace ps {
+namespace {
+
+using nlohmann::json;
+
+Status WaitAll(KVClient& client, const std::vector<Ticket>& tickets, RequestInfo* info) {
+  Status first;
+  for (Ticket t : tickets) {
+    RequestInfo one;
+    Status s = client.Wait(t, &one);
+    if (first.ok()) first = s;
+    // The requests were held side by side: the step waited as long as the longest.
+    if (info != nullptr) {
+      info->held_seconds = std::max(info->held_seconds, one.held_seconds);
+      info->clock_lag = std::max(info->clock_lag, one.clock_lag);
+    }
+  }
+  return first;
+}
+
+json EvalJson(const BatchResult& r) {
+  const double n = static_cast<double>(std::max<int64_t>(1, r.examples));
+  return {{"test_examples", r.examples},
+          {"test_loss", r.loss_sum / n},
+          {"test_accuracy", static_cast<double>(r.correct) / n}};
+}
+
+// ---- the MLP: every table pulled whole each step ----
+
+class MlpModel final : public TrainableModel {
+ public:
+  MlpModel(const JobConfig& config, std::unique_ptr<Mlp> mlp, ImageDataset train,
+           ImageDataset test)
+      : config_(config), mlp_(std::move(mlp)), train_(std::move(train)), test_(std::move(test)) {
+    for (size_t i = 0; i < MlpParamSizes(mlp_->shape()).size(); ++i) {
+      const TableSpec& t = config_.table_specs[i];
+      params_.emplace_back(t.rows * t.width);
+      grads_.emplace_back(t.rows * t.width);
+    }
+    dim_ = static_cast<size_t>(train_.rows) * static_cast<size_t>(train_.cols);
+  }
+
+  int64_t train_examples() const override { return train_.count; }
+  int max_batch() const override { return mlp_->max_batch(); }
+
+  Status Pull(KVClient& client, std::span<const int64_t>, RequestInfo* info) override {
+    std::vector<Ticket> tickets;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const TableSpec& t = config_.table_specs[i];
+      tickets.push_back(client.PullRange(t.id, RowRange{0, t.rows}, params_[i]));
+    }
+    return WaitAll(client, tickets, info);
+  }
+
+  Status Compute(std::span<const int64_t> examples, float grad_scale,
+                 BatchResult* result) override {
+    const size_t n = examples.size();
+    x_.resize(n * dim_);
+    y_.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t e = static_cast<size_t>(examples[i]);
+      std::memcpy(x_.data() + i * dim_, train_.pixels.data() + e * dim_, dim_ * sizeof(float));
+      y_[i] = train_.labels[e];
+    }
+    std::vector<float*> grads;
+    for (auto& g : grads_) grads.push_back(g.data());
+    PS_RETURN_IF_ERROR(mlp_->ForwardBackward(x_.data(), y_.data(), static_cast<int>(n),
+                                             ConstParams(), grads, result));
+    if (grad_scale != 1.0f) {
+      for (auto& g : grads_) {
+        for (float& v : g) v *= grad_scale;
+      }
+    }
+    return Status::Ok();
+  }
+
+  void Push(KVClient& client, std::vector<Ticket>* tickets) override {
+    for (size_t i = 0; i < grads_.size(); ++i) {
+      const TableSpec& t = config_.table_specs[i];
+      tickets->push_back(client.PushRange(t.id, RowRange{0, t.rows}, grads_[i]));
+    }
+  }
+
+  Result<json> Evaluate(KVClient& client) override {
+    PS_RETURN_IF_ERROR(Pull(client, {}, nullptr));
+    BatchResult r;
+    PS_RETURN_IF_ERROR(mlp_->Evaluate(test_.pixels.data(), test_.labels.data(),
+                                      static_cast<int>(test_.count), ConstParams(), &r));
+    return EvalJson(r);
+  }
+
+ private:
+  std::vector<const float*> ConstParams() const {
+    std::vector<const float*> p;
+    for (const auto& v : params_) p.push_back(v.data());
+    return p;
+  }
+
+  const JobConfig& config_;
+  std::unique_ptr<Mlp> mlp_;
+  ImageDataset train_, test_;
+  size_t dim_ = 0;
+  std::vector<std::vector<float>> params_, grads_;
+  std::vector<float> x_;
+  std::vector<int32_t> y_;
+};
+
+// ---- sparse logistic regression: only the batch's features are pulled ----
+
+class SparseLrModel final : public TrainableModel {
+ public:
+  SparseLrModel(const JobConfig& config, int max_batch, SparseDataset train, SparseDataset test)
+      : config_(config), max_batch_(max_batch), train_(std::move(train)), test_(std::move(test)) {}
+
+  int64_t train_examples() const override { return train_.count; }
+  int max_batch() const override { return max_batch_; }
+
+  Status Pull(KVClient& client, std::span<const int64_t> examples, RequestInfo* info) override {
+    batch_ = MakeSparseBatch(train_, examples);
+    weights_.resize(batch_.keys.size());
+    grads_.resize(batch_.keys.size());
+    std::vector<Ticket> tickets = {client.Pull(kWeights, batch_.keys, weights_),
+                                   client.PullRange(kBias, RowRange{0, 1}, bias_)};
+    return WaitAll(client, tickets, info);
+  }
+
+  Status Compute(std::span<const int64_t> examples, float grad_scale,
+                 BatchResult* result) override {
+    if (examples.size() != batch_.examples.size()) {
+      return Internal("Compute's examples differ from the last Pull's");
+    }
+    PS_RETURN_IF_ERROR(SparseLrForwardBackward(train_, batch_, weights_, bias_[0], grads_,
+                                               &bias_grad_[0], result));
+    if (grad_scale != 1.0f) {
+      for (float& g : grads_) g *= grad_scale;
+      bias_grad_[0] *= grad_scale;
+    }
+    return Status::Ok();
+  }
+
+  void Push(KVClient& client, std::vector<Ticket>* tickets) override {
+    tickets->push_back(client.Push(kWeights, batch_.keys, grads_));
+    tickets->push_back(client.PushRange(kBias, RowRange{0, 1}, bias_grad_));
+  }
+
+  Result<json> Evaluate(KVClient& client) override {
+    // In slices, so that the pulled features of a large test set stay bounded.
+    constexpr int64_t kSlice = 8192;
+    BatchResult r;
+    std::vector<float> scores;
+    std::vector<float> weights;
+    std::vector<float> bias(1);
+    std::vector<int64_t> ids;
+    for (int64_t begin = 0; begin < test_.count; begin += kSlice) {
+      ids.clear();
+      for (int64_t i = begin; i < std::min(test_.count, begin + kSlice); ++i) ids.push_back(i);
+      SparseBatch batch = MakeSparseBatch(test_, ids);
+      weights.resize(batch.keys.size());
+      std::vector<Ticket> tickets = {client.Pull(kWeights, batch.keys, weights),
+                                     client.PullRange(kBias, RowRange{0, 1}, bias)};
+      PS_RETURN_IF_ERROR(WaitAll(client, tickets, nullptr));
+      PS_RETURN_IF_ERROR(SparseLrEvaluate(test_, batch, weights, bias[0], &r, &scores));
+    }
+    json out = EvalJson(r);
+    out["test_auc"] = Auc(scores, test_.labels);
+    return out;
+  }
+
+ private:
+  // MlpTables-like fixed ids: FromFlagMap puts lr.weight and lr.bias first.
+  static constexpr uint32_t kWeights = 0;
+  static constexpr uint32_t kBias = 1;
+
+  const JobConfig& config_;
+  const int max_batch_;
+  SparseDataset train_, test_;
+  SparseBatch batch_;
+  std::vector<float> weights_, grads_;
+  std::vector<float> bias_ = std::vector<float>(1), bias_grad_ = std::vector<float>(1);
+};
+
+}  // namespace
+
+Result<std::unique_ptr<TrainableModel>> MakeMlpModel(const JobConfig& config, Kernels* kernels,
+                                                     int max_batch, ImageDataset train,
+                                                     ImageDataset test) {
+  if (config.model != "mlp") return InvalidArgument("the job's model is not mlp");
+  PS_ASSIGN_OR_RETURN(std::vector<int> layers, ParseIntList("mlp_layers", config.mlp_layers));
+  MlpShape shape{layers};
+  std::vector<size_t> sizes = MlpParamSizes(shape);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const TableSpec& t = config.table_specs[i];
+    if (sizes[i] != t.rows * t.width) {
+      return Internal("table '" + t.name + "' does not match the MLP's parameter " +
+                      std::to_string(i));
+    }
+  }
+  if (static_cast<int64_t>(train.rows) * train.cols != layers.front()) {
+    return InvalidArgument("the data has " + std::to_string(train.rows * train.cols) +
+                           " inputs per example but --mlp_layers starts with " +
+                           std::to_string(layers.front()));
+  }
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Mlp> mlp, Mlp::Create(shape, kernels, max_batch));
+  return std::unique_ptr<TrainableModel>(
+      new MlpModel(config, std::move(mlp), std::move(train), std::move(test)));
+}
+
+Result<std::unique_ptr<TrainableModel>> LoadModel(const JobConfig& config, Kernels* kernels,
+                                                  int max_batch) {
+  if (config.model == "mlp") {
+    LOG(INFO) << "loading " << config.data_dir;
+    PS_ASSIGN_OR_RETURN(ImageDataset train, LoadIdxDataset(config.data_dir, "train"));
+    PS_ASSIGN_OR_RETURN(ImageDataset test, LoadIdxDataset(config.data_dir, "t10k"));
+    return MakeMlpModel(config, kernels, max_batch, std::move(train), std::move(test));
+  }
+  if (config.model == "sparse_lr") {
+    if (config.table_specs.size() < 2 || config.table_specs[0].name != "lr.weight" ||
+        config.table_specs[1].name != "lr.bias") {
+      return Internal("sparse_lr expects tables lr.weight and lr.bias first");
+    }
+    LibsvmOptions o;
+    o.hash_features = config.hash_features;
+    LOG(INFO) << "loading " << config.train_data;
+    PS_ASSIGN_OR_RETURN(SparseDataset train, LoadLibsvm(config.train_data, o));
+    SparseDataset test;
+    if (!config.test_data.empty()) {
+      PS_ASSIGN_OR_RETURN(test, LoadLibsvm(config.test_data, o));
+    }
+    return std::unique_ptr<TrainableModel>(
+        new SparseLrModel(config, max_batch, std::move(train), std::move(test)));
+  }
+  return InvalidArgument("ps_worker trains --model=mlp or --model=sparse_lr; this job's model "
+                         "is '" + config.model + "'");
+}
+
+}  // namespace ps

@@ -1,0 +1,59 @@
+// What the training loop trains: a model, its data, and how its parameters map to tables,
+// behind the four things a step does (pull, compute, push) plus evaluation. The loop knows
+// nothing of layers or features; a model knows nothing of leases, clocks or reports.
+//
+//   MLP (--model=mlp): dense tables fcL.weight / fcL.bias, pulled whole every step; IDX
+//     image data (Fashion-MNIST).
+//   Sparse logistic regression (--model=sparse_lr): a sparse table `lr.weight` of width 1
+//     keyed by feature id, and a one-row `lr.bias`; each step pulls only the features its
+//     batch touches. LIBSVM data.
+//
+// Thread model: used by one thread (the training loop's).
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/job_config.h"
+#include "common/status.h"
+#include "kernels/kernels.h"
+#include "worker/idx_reader.h"
+#include "worker/kv_client.h"
+#include "worker/mlp.h"
+
+namespace ps {
+
+class TrainableModel {
+ public:
+  virtual ~TrainableModel() = default;
+  virtual int64_t train_examples() const = 0;
+  // The largest batch Compute accepts.
+  virtual int max_batch() const = 0;
+  // Pulls the parameters `examples` (positions in the training set) need, all requests in
+  // flight together; the longest hold and clock lag of them go into *info.
+  virtual Status Pull(KVClient& client, std::span<const int64_t> examples, RequestInfo* info) = 0;
+  // The gradient of the batch's mean loss, times grad_scale, from the last pull.
+  virtual Status Compute(std::span<const int64_t> examples, float grad_scale,
+                         BatchResult* result) = 0;
+  // Pushes the last gradient; appends one ticket per request.
+  virtual void Push(KVClient& client, std::vector<Ticket>* tickets) = 0;
+  // Pulls the current model and evaluates the test set: {"test_examples", "test_loss",
+  // "test_accuracy"} and, for binary models, "test_auc".
+  virtual Result<nlohmann::json> Evaluate(KVClient& client) = 0;
+};
+
+// The MLP of config.mlp_layers on these data sets.
+Result<std::unique_ptr<TrainableModel>> MakeMlpModel(const JobConfig& config, Kernels* kernels,
+                                                     int max_batch, ImageDataset train,
+                                                     ImageDataset test);
+
+// Loads the job's data (config.data_dir, or config.train_data / test_data) and builds its
+// model. max_batch bounds the batches the model will be asked to compute.
+Result<std::unique_ptr<TrainableModel>> LoadModel(const JobConfig& config, Kernels* kernels,
+                                                  int max_batch);
+
+}  // namespace ps
