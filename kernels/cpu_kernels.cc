@@ -26,7 +26,7 @@ Status CheckNonNegative(const char* op, const char* what, int64_t v) {
 
 // ---- precision conversion ----
 // Bit manipulation in standard C++ (no compiler half types), written as selects rather
-// than branches so that the compiler vectorizes the loops (about 4x here). Two steps use
+// than branches so that the compiler vectorizes the loops (about 2x here). Two steps use
 // float arithmetic, arranged so that no operand or result is ever a float subnormal: the
 // results are the same with or without EnableFlushToZero's FTZ/DAZ modes. They rely on
 // the default rounding mode, round to nearest even.

@@ -31,11 +31,11 @@ namespace ps {
 // every case; only the products inside the GEMM lose precision.
 enum class GemmPrecision {
   kFp32,  // plain fp32 arithmetic
-  // TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation): relative error about
-  // 1e-3 of the fp32 result. CUDA devices of compute capability >= 8.0; fp32 elsewhere.
+  // TF32 tensor cores (inputs cut to 11 significant bits, fp32 accumulation): relative
+  // error about 1e-3 of the fp32 result. CUDA devices of compute capability >= 8.0; fp32 elsewhere.
   kTf32,
-  // A and B rounded to bfloat16 (8-bit mantissa), fp32 accumulation: relative error about
-  // 1e-2. CUDA devices of compute capability >= 8.0; fp32 elsewhere.
+  // A and B rounded to bfloat16 (8 significant bits), fp32 accumulation: relative error
+  // about 1e-2. CUDA devices of compute capability >= 8.0; fp32 elsewhere.
   kBf16,
 };
 
@@ -51,7 +51,8 @@ class Kernels {
  public:
   virtual ~Kernels() = default;
 
-  // Human-readable device, e.g. "cpu: 2 threads" or "NVIDIA H200".
+  // Human-readable device, e.g. "cpu: 2 threads", "NVIDIA H200 (cuda:0)" or, with a
+  // reduced Gemm precision in effect, "NVIDIA H200 (cuda:0, gemm tf32)".
   virtual std::string DeviceName() const = 0;
   virtual bool IsCuda() const = 0;
 

@@ -97,10 +97,11 @@ trap 'stop_all' EXIT
 # Flagfiles may name other flagfiles relative to the repository root (configs/...).
 cd "$root"
 echo "run directory: $run_dir"
+: >"$run_dir/logs/coordinator.out"  # exists before tail looks for it
 "$bin/ps_coordinator" --flagfile="$flagfile" --num_servers="$servers" --num_workers="$workers" \
   --listen='tcp://127.0.0.1:*' --endpoint_file="$run_dir/coordinator.endpoint" \
   --run_dir="$run_dir" "${extra[@]}" \
-  >"$run_dir/logs/coordinator.out" 2>"$run_dir/logs/coordinator.log" &
+  >>"$run_dir/logs/coordinator.out" 2>"$run_dir/logs/coordinator.log" &
 coord=$!
 pids+=("$coord"); names+=(coordinator)
 # The console shows the coordinator's progress; tail ends once the coordinator has.
