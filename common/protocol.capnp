@@ -127,6 +127,7 @@ struct Register {
   device @2 :Text;       # workers: e.g. "cpu: 2 threads"
   host @3 :Text;
   pid @4 :UInt32;
+  requestedId @5 :Int32 = -1;   # the id a launcher gave this process; -1: arrival order
 }
 
 struct RegisterReply {

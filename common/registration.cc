@@ -25,6 +25,7 @@ Result<Registration> RegisterWithCoordinator(Transport* transport,
   gethostname(host, sizeof(host) - 1);
   reg.setHost(host);
   reg.setPid(static_cast<uint32_t>(getpid()));
+  reg.setRequestedId(request.requested_id);
   Frames frames;
   frames.push_back(EncodeFrame(b));
   Result<CallReply> reply = Call(*socket, std::move(frames), timeout);

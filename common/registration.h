@@ -18,6 +18,9 @@ struct RegisterRequest {
   bool is_server = false;
   std::string endpoint;  // servers: where they listen
   std::string device;    // workers: device description
+  // The id a launcher gave this process (so that worker-3.log is worker 3); -1 lets the
+  // coordinator assign ids in registration order. A taken or out-of-range id is ignored.
+  int requested_id = -1;
 };
 
 struct Registration {

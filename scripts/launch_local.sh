@@ -122,14 +122,14 @@ done
 endpoint="$(cat "$run_dir/coordinator.endpoint")"
 
 for ((i = 0; i < servers; i++)); do
-  "$bin/ps_server" --coordinator="$endpoint" --listen='tcp://127.0.0.1:*' \
+  "$bin/ps_server" --coordinator="$endpoint" --listen='tcp://127.0.0.1:*' --id="$i" \
     >"$run_dir/logs/server-$i.log" 2>&1 &
   pids+=($!); names+=("server-$i")
 done
 for ((i = 0; i < workers; i++)); do
   slowdown=1
   [ "$i" = "$slow_index" ] && slowdown="$slow_factor"
-  "$bin/ps_worker" --coordinator="$endpoint" --device="$device" --slowdown="$slowdown" \
+  "$bin/ps_worker" --coordinator="$endpoint" --id="$i" --device="$device" --slowdown="$slowdown" \
     >"$run_dir/logs/worker-$i.log" 2>&1 &
   pids+=($!); names+=("worker-$i")
 done

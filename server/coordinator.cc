@@ -27,7 +27,29 @@ struct Member {
   std::string host;
   uint32_t pid = 0;
   uint64_t register_request = 0;
+  int requested_id = -1;
 };
+
+// Ids within a role: requested ids where valid and free, then arrival order.
+void AssignIds(std::vector<Member>& members) {
+  std::vector<std::optional<Member>> slots(members.size());
+  std::vector<Member> rest;
+  for (Member& m : members) {
+    const int want = m.requested_id;
+    if (want >= 0 && want < static_cast<int>(slots.size()) && !slots[static_cast<size_t>(want)]) {
+      slots[static_cast<size_t>(want)] = std::move(m);
+    } else {
+      if (want >= 0) LOG(WARNING) << "requested id " << want << " is taken or out of range";
+      rest.push_back(std::move(m));
+    }
+  }
+  size_t next = 0;
+  for (auto& slot : slots) {
+    if (!slot) slot = std::move(rest[next++]);
+  }
+  members.clear();
+  for (auto& slot : slots) members.push_back(std::move(*slot));
+}
 
 struct WorkerResult {
   bool done = false;
@@ -151,6 +173,7 @@ class CoordinatorJob {
         m.host = reg.getHost().cStr();
         m.pid = reg.getPid();
         m.register_request = header.getRequestId();
+        m.requested_id = reg.getRequestedId();
         if (reg.getRole() == wire::Role::SERVER) {
           if (static_cast<int>(servers_.size()) >= config_.num_servers) {
             ReplyError(in->peer, m.register_request,
@@ -164,7 +187,7 @@ class CoordinatorJob {
             ReplyError(in->peer, m.register_request, ep);
             continue;
           }
-          LOG(INFO) << "server " << servers_.size() << " registered: " << m.endpoint << " (pid "
+          LOG(INFO) << "server registered: " << m.endpoint << " (pid "
                     << m.pid << " on " << m.host << ")";
           servers_.push_back(std::move(m));
         } else if (reg.getRole() == wire::Role::WORKER) {
@@ -175,7 +198,7 @@ class CoordinatorJob {
                                           " of its workers (--num_workers)"));
             continue;
           }
-          LOG(INFO) << "worker " << workers_.size() << " registered: " << m.device << " (pid "
+          LOG(INFO) << "worker registered: " << m.device << " (pid "
                     << m.pid << " on " << m.host << ")";
           workers_.push_back(std::move(m));
         } else {
@@ -187,6 +210,8 @@ class CoordinatorJob {
       }
     }
     // Everyone is here: hand out ids, the config and the shard map.
+    AssignIds(servers_);
+    AssignIds(workers_);
     std::map<std::string, std::string> flags = config_.ToFlagMap();
     auto reply_to = [&](const Member& m, uint32_t id) -> Status {
       capnp::MallocMessageBuilder b;

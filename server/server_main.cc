@@ -9,6 +9,8 @@
 DEFINE_string(coordinator, "", "the coordinator's endpoint, e.g. tcp://127.0.0.1:7000 (required)");
 DEFINE_string(listen, "tcp://127.0.0.1:*",
               "where to listen for workers; port * picks a free one");
+DEFINE_int32(id, -1,
+             "this process's id within its role, as a launcher numbers it (-1: registration order)");
 DEFINE_int32(register_timeout_ms, 120000, "how long to wait for the job to assemble");
 DEFINE_int32(io_threads, 1, "ZeroMQ I/O threads");
 
@@ -32,6 +34,7 @@ int main(int argc, char** argv) {
   options.coordinator = FLAGS_coordinator;
   options.listen = FLAGS_listen;
   options.register_timeout = std::chrono::milliseconds(FLAGS_register_timeout_ms);
+  options.requested_id = FLAGS_id;
   ps::TransportOptions topt;
   topt.io_threads = FLAGS_io_threads;
   ps::Transport transport(topt);

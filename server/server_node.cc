@@ -41,6 +41,7 @@ Status RunServer(const ServerOptions& options, Transport* transport,
   RegisterRequest req;
   req.is_server = true;
   req.endpoint = socket->BoundEndpoint();
+  req.requested_id = options.requested_id;
   PS_ASSIGN_OR_RETURN(Registration reg,
                       RegisterWithCoordinator(transport, options.coordinator, req,
                                               options.register_timeout));

@@ -23,6 +23,8 @@ struct ServerOptions {
   std::string listen = "tcp://127.0.0.1:*";
   // How long to wait for the whole job to register.
   std::chrono::milliseconds register_timeout{120000};
+  // The id a launcher gave this server; -1: registration order.
+  int requested_id = -1;
   // How often the loop looks at `stop` while idle.
   std::chrono::milliseconds poll_interval{200};
 };

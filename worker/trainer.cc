@@ -404,6 +404,7 @@ Status RunWorker(const WorkerOptions& options, Transport* transport, const std::
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Kernels> kernels, MakeKernels(options.device));
   RegisterRequest req;
   req.device = kernels->DeviceName();
+  req.requested_id = options.requested_id;
   PS_ASSIGN_OR_RETURN(Registration reg, RegisterWithCoordinator(transport, options.coordinator,
                                                                 req, options.register_timeout));
   LOG(INFO) << "registered as worker " << reg.id << " of " << reg.config.num_workers << " on "

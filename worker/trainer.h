@@ -40,6 +40,8 @@ struct WorkerOptions {
   // "cpu", "cuda", "cuda:N" (see kernels/kernels.h).
   std::string device = "cpu";
   std::chrono::milliseconds register_timeout{120000};
+  // The id a launcher gave this worker; -1: registration order.
+  int requested_id = -1;
   // How long a push or pull may take before the step fails. Pulls held by the staleness
   // bound are answered by the server within --staleness_wait_seconds, so this must exceed it.
   std::chrono::milliseconds request_timeout{600000};

@@ -9,6 +9,8 @@
 
 DEFINE_string(coordinator, "", "the coordinator's endpoint, e.g. tcp://127.0.0.1:7000 (required)");
 DEFINE_string(device, "cpu", "cpu | cuda | cuda:N");
+DEFINE_int32(id, -1,
+             "this process's id within its role, as a launcher numbers it (-1: registration order)");
 DEFINE_int32(register_timeout_ms, 120000, "how long to wait for the job to assemble");
 DEFINE_int32(request_timeout_ms, 600000,
              "how long a push or pull may take (more than the job's staleness_wait_seconds)");
@@ -37,6 +39,7 @@ int main(int argc, char** argv) {
   options.coordinator = FLAGS_coordinator;
   options.device = FLAGS_device;
   options.register_timeout = std::chrono::milliseconds(FLAGS_register_timeout_ms);
+  options.requested_id = FLAGS_id;
   options.request_timeout = std::chrono::milliseconds(FLAGS_request_timeout_ms);
   options.slowdown = FLAGS_slowdown;
   options.batch_size = FLAGS_batch_size;
