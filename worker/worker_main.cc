@@ -8,7 +8,7 @@
 #include "worker/trainer.h"
 
 DEFINE_string(coordinator, "", "the coordinator's endpoint, e.g. tcp://127.0.0.1:7000 (required)");
-DEFINE_string(device, "cpu", "cpu | cuda | cuda:N");
+DEFINE_string(device, "cpu", "cpu | cuda | cuda:N | auto (a GPU when one is visible, else the CPU)");
 DEFINE_int32(id, -1,
              "this process's id within its role, as a launcher numbers it (-1: registration order)");
 DEFINE_int32(register_timeout_ms, 120000, "how long to wait for the job to assemble");
