@@ -19,7 +19,8 @@ Result<int64_t> ParseInt(const std::string& flag, const std::string& v, int64_t 
   errno = 0;
   long long x = std::strtoll(v.c_str(), &end, 10);
   if (v.empty() || *end != '\0' || errno != 0 || x < lo || x > hi) {
-    return BadValue(flag, v, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return BadValue(flag, v,
+                    "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
   return static_cast<int64_t>(x);
 }
@@ -63,8 +64,7 @@ Field IntField(const char* name, T JobConfig::*member, int64_t lo, int64_t hi) {
                [=](const JobConfig& c) { return std::to_string(c.*member); }};
 }
 
-Field DoubleField(const char* name, double JobConfig::*member, double lo, double hi,
-                  bool lo_open) {
+Field DoubleField(const char* name, double JobConfig::*member, double lo, double hi, bool lo_open) {
   return Field{name,
                [=](JobConfig& c, const std::string& v) -> Status {
                  PS_ASSIGN_OR_RETURN(double x, ParseDouble(name, v, lo, hi, lo_open));
@@ -291,8 +291,8 @@ Result<JobConfig> JobConfig::FromFlagMap(const std::map<std::string, std::string
     c.table_specs[i].id = static_cast<uint32_t>(i);
     for (size_t j = 0; j < i; ++j) {
       if (c.table_specs[j].name == c.table_specs[i].name) {
-        return BadValue("tables", c.tables, "unique table names; '" + c.table_specs[i].name +
-                                                "' is declared twice");
+        return BadValue("tables", c.tables,
+                        "unique table names; '" + c.table_specs[i].name + "' is declared twice");
       }
     }
   }
@@ -311,17 +311,17 @@ Status JobConfig::Validate() const {
     return InvalidArgument("the job has no tables: set --model=mlp or declare --tables");
   }
   // [0, 1) bounds, which the field table's closed ranges cannot say.
-  for (auto [name, value] : {std::pair<const char*, double>{"momentum", momentum},
-                             {"beta1", beta1},
-                             {"beta2", beta2}}) {
+  for (auto [name, value] :
+       {std::pair<const char*, double>{"momentum", momentum}, {"beta1", beta1}, {"beta2", beta2}}) {
     if (value >= 1) return BadValue(name, Str(value), "a number in [0, 1)");
   }
   if (!stepvalue.empty()) {
     PS_ASSIGN_OR_RETURN(std::vector<int64_t> steps, ParseStepValues(stepvalue));
     (void)steps;
   } else if (lr_policy == "multistep") {
-    return BadValue("stepvalue", "", "a comma-separated list of increasing iterations, needed by "
-                                     "--lr_policy=multistep");
+    return BadValue("stepvalue", "",
+                    "a comma-separated list of increasing iterations, needed by "
+                    "--lr_policy=multistep");
   }
   PS_RETURN_IF_ERROR(TableStalenessMap().status());
   if (max_grad_staleness >= 0 && staleness != -1) {
@@ -336,7 +336,8 @@ Result<std::vector<int64_t>> ParseStepValues(const std::string& value) {
   for (const std::string& item : Split(value, ',')) {
     Result<int64_t> x = ParseInt("stepvalue", item, 1, INT64_MAX);
     if (!x.ok() || (!out.empty() && x.value() <= out.back())) {
-      return BadValue("stepvalue", value, "a comma-separated list of increasing positive iterations");
+      return BadValue("stepvalue", value,
+                      "a comma-separated list of increasing positive iterations");
     }
     out.push_back(x.value());
   }

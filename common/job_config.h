@@ -23,12 +23,12 @@ enum class InitKind { kZeros, kUniform, kNormal };
 // 0..rows-1 (a dense tensor is such a table); a sparse table (rows == 0) has rows keyed by
 // any uint64 id, created on first touch with the initializer.
 struct TableSpec {
-  uint32_t id = 0;         // index in JobConfig::tables
+  uint32_t id = 0;  // index in JobConfig::tables
   std::string name;
-  uint64_t rows = 0;       // 0 = sparse
-  uint32_t width = 1;      // floats per row
+  uint64_t rows = 0;   // 0 = sparse
+  uint32_t width = 1;  // floats per row
   InitKind init = InitKind::kZeros;
-  float init_scale = 0;    // uniform: values in [-scale, scale]; normal: standard deviation
+  float init_scale = 0;  // uniform: values in [-scale, scale]; normal: standard deviation
   bool dense() const { return rows > 0; }
 };
 
@@ -75,10 +75,10 @@ struct JobConfig {
   // ---- optimizer (applied on the servers) ----
   // sgd | momentum | nesterov | adagrad | adam | adamw
   std::string optimizer = "sgd";
-  double momentum = 0.9;      // momentum, nesterov
-  double beta1 = 0.9;         // adam, adamw
-  double beta2 = 0.999;       // adam, adamw
-  double epsilon = 1e-8;      // adagrad, adam, adamw
+  double momentum = 0.9;  // momentum, nesterov
+  double beta1 = 0.9;     // adam, adamw
+  double beta2 = 0.999;   // adam, adamw
+  double epsilon = 1e-8;  // adagrad, adam, adamw
   // L2 penalty added to the gradient (sgd, momentum, nesterov, adagrad, adam); decoupled
   // decay of the weights (adamw, Loshchilov & Hutter 2019).
   double weight_decay = 0;
@@ -91,19 +91,19 @@ struct JobConfig {
   // updates across the job: the pushing worker's clock times num_workers, so a schedule
   // reads the same whatever the number of workers (an epoch is examples / batch_size).
   std::string lr_policy = "fixed";
-  double gamma = 0.1;          // step, multistep, exp, inv
-  int64_t stepsize = 1000;     // step: lr = base_lr * gamma ^ floor(iter / stepsize)
-  std::string stepvalue;       // multistep: comma-separated iterations, increasing
-  double power = 1.0;          // inv, poly
-  int64_t max_iter = 10000;    // poly, cosine: the iteration where the schedule ends
-  int64_t warmup_iters = 0;    // linear warmup from 0 to the schedule's value
+  double gamma = 0.1;        // step, multistep, exp, inv
+  int64_t stepsize = 1000;   // step: lr = base_lr * gamma ^ floor(iter / stepsize)
+  std::string stepvalue;     // multistep: comma-separated iterations, increasing
+  double power = 1.0;        // inv, poly
+  int64_t max_iter = 10000;  // poly, cosine: the iteration where the schedule ends
+  int64_t warmup_iters = 0;  // linear warmup from 0 to the schedule's value
   // Staleness-aware learning rate (Zhang et al. 2016): none | inverse | sqrt divides the
   // step's learning rate by the gradient's staleness (or its square root; 0 counts as 1).
   std::string staleness_lr = "none";
-  uint64_t seed = 1;          // initializers and data order
+  uint64_t seed = 1;                                           // initializers and data order
   std::string data_dir = "/usr/share/datasets/fashion-mnist";  // mlp: IDX files
-  std::string train_data;   // sparse_lr: LIBSVM training file (gzip or plain)
-  std::string test_data;    // sparse_lr: LIBSVM test file
+  std::string train_data;  // sparse_lr: LIBSVM training file (gzip or plain)
+  std::string test_data;   // sparse_lr: LIBSVM test file
   // sparse_lr: hash feature ids into 64 bits (xxHash), for ids from several sources.
   bool hash_features = false;
   // Seconds between a worker's training reports to the coordinator (metrics.jsonl lines).

@@ -1,8 +1,8 @@
 #include "common/lease_table.h"
 
-#include <algorithm>
-
 #include <glog/logging.h>
+
+#include <algorithm>
 
 namespace ps {
 

@@ -62,8 +62,8 @@ class LeaseTable {
   int opened_epochs_ = 0;
   std::deque<Lease> pending_;
   std::map<std::pair<int, uint64_t>, int> outstanding_;  // (epoch, chunk) -> worker
-  std::vector<uint64_t> chunks_done_;    // per epoch
-  std::vector<uint64_t> examples_done_;  // per epoch
+  std::vector<uint64_t> chunks_done_;                    // per epoch
+  std::vector<uint64_t> examples_done_;                  // per epoch
   std::vector<int> newly_completed_;
 };
 

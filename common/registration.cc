@@ -1,10 +1,9 @@
 #include "common/registration.h"
 
+#include <kj/exception.h>
 #include <unistd.h>
 
 #include <map>
-
-#include <kj/exception.h>
 
 #include "common/wire.h"
 
@@ -52,7 +51,8 @@ Result<Registration> RegisterWithCoordinator(Transport* transport,
     }
     out.config = std::move(config).value();
     out.shard_map_version = r.getShardMap().getVersion();
-    for (auto s : r.getShardMap().getServers()) out.server_endpoints.push_back(s.getEndpoint().cStr());
+    for (auto s : r.getShardMap().getServers())
+      out.server_endpoints.push_back(s.getEndpoint().cStr());
   } catch (const kj::Exception& e) {
     return InvalidArgument(std::string("malformed registration reply: ") +
                            e.getDescription().cStr());

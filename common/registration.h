@@ -24,7 +24,7 @@ struct RegisterRequest {
 };
 
 struct Registration {
-  int id = 0;                                 // within the role
+  int id = 0;  // within the role
   JobConfig config;
   std::vector<std::string> server_endpoints;  // by server id
   uint64_t shard_map_version = 0;

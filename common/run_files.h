@@ -6,9 +6,8 @@
 
 #include <fstream>
 #include <mutex>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "common/status.h"
 

@@ -1,10 +1,10 @@
 #include "common/shard_map.h"
 
-#include <cmath>
-#include <random>
-
 #include <glog/logging.h>
 #include <xxhash.h>
+
+#include <cmath>
+#include <random>
 
 namespace ps {
 

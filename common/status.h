@@ -5,14 +5,14 @@
 // Thread safety: Status and Result are values; distinct objects may be used from any thread.
 #pragma once
 
+#include <glog/logging.h>
+
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <variant>
-
-#include <glog/logging.h>
 
 namespace ps {
 
@@ -71,7 +71,7 @@ inline Status Aborted(std::string msg) { return Status(StatusCode::kAborted, std
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT
     CHECK(!std::get<Status>(v_).ok()) << "Result built from an OK Status";
   }
@@ -104,10 +104,10 @@ class [[nodiscard]] Result {
 }  // namespace ps
 
 // Returns from the enclosing function when `expr` (a Status) is not OK.
-#define PS_RETURN_IF_ERROR(expr)                 \
-  do {                                           \
-    ::ps::Status _ps_status = (expr);            \
-    if (!_ps_status.ok()) return _ps_status;     \
+#define PS_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::ps::Status _ps_status = (expr);        \
+    if (!_ps_status.ok()) return _ps_status; \
   } while (0)
 
 #define PS_CONCAT_INNER(a, b) a##b

@@ -55,7 +55,8 @@ bool WaitReadable(zmq::socket_t& s, std::chrono::milliseconds timeout) {
 
 class ZmqServerSocket final : public ServerSocket {
  public:
-  ZmqServerSocket(zmq::socket_t s, std::string bound) : s_(std::move(s)), bound_(std::move(bound)) {}
+  ZmqServerSocket(zmq::socket_t s, std::string bound)
+      : s_(std::move(s)), bound_(std::move(bound)) {}
   std::string BoundEndpoint() const override { return bound_; }
 
   Result<Incoming> Recv(std::chrono::milliseconds timeout) override {
@@ -145,8 +146,7 @@ Status ValidateEndpoint(const std::string& endpoint) {
 
 zmq::message_t CopyFrame(const void* data, size_t bytes) { return zmq::message_t(data, bytes); }
 
-Transport::Transport(TransportOptions options)
-    : options_(options), context_(options.io_threads) {}
+Transport::Transport(TransportOptions options) : options_(options), context_(options.io_threads) {}
 
 Transport::~Transport() = default;
 

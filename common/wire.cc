@@ -1,8 +1,8 @@
 #include "common/wire.h"
 
-#include <cstring>
-
 #include <kj/exception.h>
+
+#include <cstring>
 
 namespace ps {
 
@@ -71,30 +71,48 @@ wire::Header::Builder NewHeader(capnp::MessageBuilder& builder, uint64_t request
 
 wire::ErrorCode ToWire(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return wire::ErrorCode::OK;
-    case StatusCode::kInvalidArgument: return wire::ErrorCode::INVALID_ARGUMENT;
-    case StatusCode::kNotFound: return wire::ErrorCode::NOT_FOUND;
-    case StatusCode::kFailedPrecondition: return wire::ErrorCode::FAILED_PRECONDITION;
-    case StatusCode::kUnavailable: return wire::ErrorCode::UNAVAILABLE;
-    case StatusCode::kDeadlineExceeded: return wire::ErrorCode::DEADLINE_EXCEEDED;
-    case StatusCode::kInternal: return wire::ErrorCode::INTERNAL;
-    case StatusCode::kVersionMismatch: return wire::ErrorCode::VERSION_MISMATCH;
-    case StatusCode::kAborted: return wire::ErrorCode::ABORTED;
+    case StatusCode::kOk:
+      return wire::ErrorCode::OK;
+    case StatusCode::kInvalidArgument:
+      return wire::ErrorCode::INVALID_ARGUMENT;
+    case StatusCode::kNotFound:
+      return wire::ErrorCode::NOT_FOUND;
+    case StatusCode::kFailedPrecondition:
+      return wire::ErrorCode::FAILED_PRECONDITION;
+    case StatusCode::kUnavailable:
+      return wire::ErrorCode::UNAVAILABLE;
+    case StatusCode::kDeadlineExceeded:
+      return wire::ErrorCode::DEADLINE_EXCEEDED;
+    case StatusCode::kInternal:
+      return wire::ErrorCode::INTERNAL;
+    case StatusCode::kVersionMismatch:
+      return wire::ErrorCode::VERSION_MISMATCH;
+    case StatusCode::kAborted:
+      return wire::ErrorCode::ABORTED;
   }
   return wire::ErrorCode::INTERNAL;
 }
 
 StatusCode FromWire(wire::ErrorCode code) {
   switch (code) {
-    case wire::ErrorCode::OK: return StatusCode::kOk;
-    case wire::ErrorCode::INVALID_ARGUMENT: return StatusCode::kInvalidArgument;
-    case wire::ErrorCode::NOT_FOUND: return StatusCode::kNotFound;
-    case wire::ErrorCode::FAILED_PRECONDITION: return StatusCode::kFailedPrecondition;
-    case wire::ErrorCode::UNAVAILABLE: return StatusCode::kUnavailable;
-    case wire::ErrorCode::DEADLINE_EXCEEDED: return StatusCode::kDeadlineExceeded;
-    case wire::ErrorCode::INTERNAL: return StatusCode::kInternal;
-    case wire::ErrorCode::VERSION_MISMATCH: return StatusCode::kVersionMismatch;
-    case wire::ErrorCode::ABORTED: return StatusCode::kAborted;
+    case wire::ErrorCode::OK:
+      return StatusCode::kOk;
+    case wire::ErrorCode::INVALID_ARGUMENT:
+      return StatusCode::kInvalidArgument;
+    case wire::ErrorCode::NOT_FOUND:
+      return StatusCode::kNotFound;
+    case wire::ErrorCode::FAILED_PRECONDITION:
+      return StatusCode::kFailedPrecondition;
+    case wire::ErrorCode::UNAVAILABLE:
+      return StatusCode::kUnavailable;
+    case wire::ErrorCode::DEADLINE_EXCEEDED:
+      return StatusCode::kDeadlineExceeded;
+    case wire::ErrorCode::INTERNAL:
+      return StatusCode::kInternal;
+    case wire::ErrorCode::VERSION_MISMATCH:
+      return StatusCode::kVersionMismatch;
+    case wire::ErrorCode::ABORTED:
+      return StatusCode::kAborted;
   }
   return StatusCode::kInternal;
 }

@@ -6,13 +6,13 @@
 // exception or a crash.
 #pragma once
 
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
-
-#include <capnp/message.h>
-#include <capnp/serialize.h>
 #include <zmq.hpp>
 
 #include "common/protocol.capnp.h"

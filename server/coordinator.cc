@@ -1,18 +1,18 @@
 #include "server/coordinator.h"
 
+#include <glog/logging.h>
+#include <kj/exception.h>
+
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
 
-#include <glog/logging.h>
-#include <kj/exception.h>
-#include <nlohmann/json.hpp>
-
+#include "common/lease_table.h"
 #include "common/run_files.h"
 #include "common/wire.h"
-#include "common/lease_table.h"
 
 namespace ps {
 namespace {
@@ -143,12 +143,12 @@ class CoordinatorJob {
            static_cast<int>(workers_.size()) < config_.num_workers) {
       if (stop.load()) return Aborted("coordinator stopped by signal during registration");
       if (Clock::now() > deadline) {
-        return DeadlineExceeded(
-            "only " + std::to_string(servers_.size()) + " of " +
-            std::to_string(config_.num_servers) + " servers and " +
-            std::to_string(workers_.size()) + " of " + std::to_string(config_.num_workers) +
-            " workers registered within " + std::to_string(options_.register_timeout.count()) +
-            " ms");
+        return DeadlineExceeded("only " + std::to_string(servers_.size()) + " of " +
+                                std::to_string(config_.num_servers) + " servers and " +
+                                std::to_string(workers_.size()) + " of " +
+                                std::to_string(config_.num_workers) +
+                                " workers registered within " +
+                                std::to_string(options_.register_timeout.count()) + " ms");
       }
       Result<Incoming> in = socket_->Recv(options_.poll_interval);
       if (!in.ok()) {
@@ -187,8 +187,8 @@ class CoordinatorJob {
             ReplyError(in->peer, m.register_request, ep);
             continue;
           }
-          LOG(INFO) << "server registered: " << m.endpoint << " (pid "
-                    << m.pid << " on " << m.host << ")";
+          LOG(INFO) << "server registered: " << m.endpoint << " (pid " << m.pid << " on " << m.host
+                    << ")";
           servers_.push_back(std::move(m));
         } else if (reg.getRole() == wire::Role::WORKER) {
           if (static_cast<int>(workers_.size()) >= config_.num_workers) {
@@ -198,15 +198,16 @@ class CoordinatorJob {
                                           " of its workers (--num_workers)"));
             continue;
           }
-          LOG(INFO) << "worker registered: " << m.device << " (pid "
-                    << m.pid << " on " << m.host << ")";
+          LOG(INFO) << "worker registered: " << m.device << " (pid " << m.pid << " on " << m.host
+                    << ")";
           workers_.push_back(std::move(m));
         } else {
           ReplyError(in->peer, m.register_request, InvalidArgument("unknown role"));
         }
       } catch (const kj::Exception& e) {
-        ReplyError(in->peer, 0, InvalidArgument(std::string("malformed registration: ") +
-                                                e.getDescription().cStr()));
+        ReplyError(
+            in->peer, 0,
+            InvalidArgument(std::string("malformed registration: ") + e.getDescription().cStr()));
       }
     }
     // Everyone is here: hand out ids, the config and the shard map.
@@ -272,8 +273,9 @@ class CoordinatorJob {
         auto header = h->get();
         uint64_t rid = header.getRequestId();
         if (w < 0) {
-          ReplyError(in->peer, rid, FailedPrecondition("the job is running and full; this peer "
-                                                       "is not one of its workers"));
+          ReplyError(in->peer, rid,
+                     FailedPrecondition("the job is running and full; this peer "
+                                        "is not one of its workers"));
           continue;
         }
         switch (header.getBody().which()) {
@@ -337,12 +339,13 @@ class CoordinatorJob {
             PS_RETURN_IF_ERROR(OnLease(in->peer, w, rid, header.getBody().getLease()));
             break;
           default:
-            ReplyError(in->peer, rid, InvalidArgument("the coordinator does not handle this "
-                                                      "message type during training"));
+            ReplyError(in->peer, rid,
+                       InvalidArgument("the coordinator does not handle this "
+                                       "message type during training"));
         }
       } catch (const kj::Exception& e) {
-        ReplyError(in->peer, 0, InvalidArgument(std::string("malformed request: ") +
-                                                e.getDescription().cStr()));
+        ReplyError(in->peer, 0,
+                   InvalidArgument(std::string("malformed request: ") + e.getDescription().cStr()));
       }
       PrintProgress(false);
     }
@@ -445,17 +448,20 @@ class CoordinatorJob {
       bool final_eval = report.value("final", false);
       int epoch = report.value("epoch", 0);
       double elapsed = Elapsed();
-      double train_loss = loss_examples_since_print_ > 0
-                              ? loss_sum_since_print_ / static_cast<double>(loss_examples_since_print_)
-                              : 0.0;
+      double train_loss =
+          loss_examples_since_print_ > 0
+              ? loss_sum_since_print_ / static_cast<double>(loss_examples_since_print_)
+              : 0.0;
       double rate = examples_total_ / std::max(elapsed, 1e-9);
-      std::string auc = report.contains("test_auc")
-                            ? "  test_auc " + std::to_string(report.value("test_auc", 0.0)).substr(0, 6)
-                            : "";
-      std::printf("epoch %d/%d  train_loss %.4f  test_loss %.4f  test_acc %.4f%s  %.0f ex/s  %.1fs%s\n",
-                  epoch, config_.epochs, train_loss, report.value("test_loss", 0.0),
-                  report.value("test_accuracy", 0.0), auc.c_str(), rate, elapsed,
-                  final_eval ? "  (final)" : "");
+      std::string auc =
+          report.contains("test_auc")
+              ? "  test_auc " + std::to_string(report.value("test_auc", 0.0)).substr(0, 6)
+              : "";
+      std::printf(
+          "epoch %d/%d  train_loss %.4f  test_loss %.4f  test_acc %.4f%s  %.0f ex/s  %.1fs%s\n",
+          epoch, config_.epochs, train_loss, report.value("test_loss", 0.0),
+          report.value("test_accuracy", 0.0), auc.c_str(), rate, elapsed,
+          final_eval ? "  (final)" : "");
       std::fflush(stdout);
       loss_sum_since_print_ = 0;
       loss_examples_since_print_ = 0;
@@ -614,8 +620,8 @@ class CoordinatorJob {
     PS_RETURN_IF_ERROR(WriteJsonFile(path, summary));
     std::printf("%s: test_acc %.4f  test_loss %.4f  %.0f ex/s  %.1fs wall  -> %s\n",
                 outcome.ok() ? "done" : "FAILED", summary["test_accuracy"].get<double>(),
-                summary["test_loss"].get<double>(), summary["examples_per_sec"].get<double>(),
-                wall, path.c_str());
+                summary["test_loss"].get<double>(), summary["examples_per_sec"].get<double>(), wall,
+                path.c_str());
     std::fflush(stdout);
     return Status::Ok();
   }
@@ -642,8 +648,8 @@ class CoordinatorJob {
   };
   LeaseTable leases_;
   std::vector<HeldLease> held_leases_;
-  std::vector<double> rates_;      // workers' compute throughput, examples/s
-  std::vector<int> evaluations_;   // epochs worker 0 should evaluate
+  std::vector<double> rates_;     // workers' compute throughput, examples/s
+  std::vector<int> evaluations_;  // epochs worker 0 should evaluate
 
   // Progress, from workers' reports.
   uint64_t examples_total_ = 0;

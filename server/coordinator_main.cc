@@ -1,11 +1,11 @@
 // ps_coordinator: reads the job flagfile, assembles the job, reports progress and writes
 // the run summary. Job settings are flags here (use --flagfile=configs/NAME.flags); servers
 // and workers receive them from the coordinator.
-#include <csignal>
-#include <ctime>
-
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+
+#include <csignal>
+#include <ctime>
 
 #include "common/job_config.h"
 #include "server/coordinator.h"
@@ -40,8 +40,7 @@ DEFINE_double(momentum, kDefaults.momentum, "momentum, nesterov: in [0, 1)");
 DEFINE_double(beta1, kDefaults.beta1, "adam, adamw: first-moment decay in [0, 1)");
 DEFINE_double(beta2, kDefaults.beta2, "adam, adamw: second-moment decay in [0, 1)");
 DEFINE_double(epsilon, kDefaults.epsilon, "adagrad, adam, adamw: denominator guard");
-DEFINE_double(weight_decay, kDefaults.weight_decay,
-              "L2 penalty (adamw: decoupled weight decay)");
+DEFINE_double(weight_decay, kDefaults.weight_decay, "L2 penalty (adamw: decoupled weight decay)");
 DEFINE_double(clip_grad_norm, kDefaults.clip_grad_norm,
               "clip each row's gradient to this L2 norm (0: off)");
 DEFINE_double(base_lr, kDefaults.base_lr, "learning rate");
@@ -80,7 +79,8 @@ std::string DefaultRunDir() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("ps_coordinator --flagfile=configs/fashion_mnist_mlp.flags [--run_dir=DIR]");
+  gflags::SetUsageMessage(
+      "ps_coordinator --flagfile=configs/fashion_mnist_mlp.flags [--run_dir=DIR]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);

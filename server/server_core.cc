@@ -1,11 +1,11 @@
 #include "server/server_core.h"
 
+#include <kj/exception.h>
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
-
-#include <kj/exception.h>
 
 namespace ps {
 
@@ -19,8 +19,8 @@ Result<std::unique_ptr<ServerCore>> ServerCore::Create(const JobConfig& config, 
   return std::unique_ptr<ServerCore>(new ServerCore(config, server_id, std::move(opt), lr));
 }
 
-ServerCore::ServerCore(const JobConfig& config, int server_id,
-                       std::unique_ptr<Optimizer> optimizer, LrPolicy lr_policy)
+ServerCore::ServerCore(const JobConfig& config, int server_id, std::unique_ptr<Optimizer> optimizer,
+                       LrPolicy lr_policy)
     : config_(config),
       server_id_(server_id),
       shard_map_(config.table_specs, config.num_servers),
@@ -88,7 +88,8 @@ Result<ServerCore::Addressed> ServerCore::Address(uint32_t table_id, wire::Keys:
     }
     case wire::Keys::LIST_COUNT: {
       uint64_t count = keys.getListCount();
-      if (request.size() < 2) return InvalidArgument("request names a key list but has no keys frame");
+      if (request.size() < 2)
+        return InvalidArgument("request names a key list but has no keys frame");
       PS_ASSIGN_OR_RETURN(std::span<const uint64_t> list, FrameAs<uint64_t>(request[1]));
       if (list.size() != count) {
         return InvalidArgument("keys frame holds " + std::to_string(list.size()) +
@@ -130,8 +131,8 @@ Result<Frames> ServerCore::HandlePush(wire::Header::Reader h, const Frames& requ
   const uint64_t version = shard_version_[table_id];
   const uint64_t pulled = push.getPulledVersion();
   if (pulled > version) {
-    return InvalidArgument("push claims shard version " + std::to_string(pulled) +
-                           " of table '" + a.table->spec().name + "', but it is only at " +
+    return InvalidArgument("push claims shard version " + std::to_string(pulled) + " of table '" +
+                           a.table->spec().name + "', but it is only at " +
                            std::to_string(version));
   }
   const int64_t clock = push.getClock();
@@ -286,7 +287,8 @@ Result<Frames> ServerCore::HandleClock(wire::Header::Reader h, std::vector<Outgo
   if (tick.getLeave()) {
     left_[w] = true;
   } else {
-    if (tick.getClock() < 0) return InvalidArgument("negative clock " + std::to_string(tick.getClock()));
+    if (tick.getClock() < 0)
+      return InvalidArgument("negative clock " + std::to_string(tick.getClock()));
     if (left_[w]) {
       // Rejoining (after waiting for data): start at the slowest live clock, so that
       // nobody waits on clocks this worker skipped while it was out.
@@ -400,8 +402,8 @@ void ServerCore::Handle(const std::string& peer, Frames& request, std::vector<Ou
   } catch (const kj::Exception& e) {
     // A malformed pointer deep in the header: Cap'n Proto validates lazily.
     if (is_push) ++stats_.pushes_rejected;
-    return reply_error(request_id, InvalidArgument(std::string("malformed header: ") +
-                                                   e.getDescription().cStr()));
+    return reply_error(
+        request_id, InvalidArgument(std::string("malformed header: ") + e.getDescription().cStr()));
   }
 }
 

@@ -45,12 +45,12 @@ struct ServerStats {
   uint64_t pushes_rejected = 0;  // bad pushes answered with an error
   uint64_t pushes_dropped = 0;   // too stale (--max_grad_staleness), not applied
   uint64_t pulls_served = 0;
-  uint64_t pulls_held = 0;       // pulls the staleness bound made wait
-  uint64_t bad_requests = 0;     // every request answered with an error
-  uint64_t bytes_pushed = 0;     // gradient payload bytes applied
-  uint64_t bytes_pulled = 0;     // value payload bytes sent
+  uint64_t pulls_held = 0;    // pulls the staleness bound made wait
+  uint64_t bad_requests = 0;  // every request answered with an error
+  uint64_t bytes_pushed = 0;  // gradient payload bytes applied
+  uint64_t bytes_pulled = 0;  // value payload bytes sent
   uint64_t rows_held = 0;
-  int64_t max_clock_lag = 0;     // largest (puller's clock - slowest live clock) served
+  int64_t max_clock_lag = 0;  // largest (puller's clock - slowest live clock) served
   // Applied pushes by staleness; the last bucket counts everything at or above its index.
   std::vector<uint64_t> staleness_histogram;
   uint64_t staleness_sum = 0;

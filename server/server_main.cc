@@ -1,16 +1,15 @@
 // ps_server: holds shards of the model's tables and applies pushes through the optimizer.
-#include <csignal>
-
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+
+#include <csignal>
 
 #include "server/server_node.h"
 
 DEFINE_string(coordinator, "", "the coordinator's endpoint, e.g. tcp://127.0.0.1:7000 (required)");
-DEFINE_string(listen, "tcp://127.0.0.1:*",
-              "where to listen for workers; port * picks a free one");
-DEFINE_int32(id, -1,
-             "this process's id within its role, as a launcher numbers it (-1: registration order)");
+DEFINE_string(listen, "tcp://127.0.0.1:*", "where to listen for workers; port * picks a free one");
+DEFINE_int32(
+    id, -1, "this process's id within its role, as a launcher numbers it (-1: registration order)");
 DEFINE_int32(register_timeout_ms, 120000, "how long to wait for the job to assemble");
 DEFINE_int32(io_threads, 1, "ZeroMQ I/O threads");
 

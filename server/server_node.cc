@@ -42,16 +42,15 @@ Status RunServer(const ServerOptions& options, Transport* transport,
   req.is_server = true;
   req.endpoint = socket->BoundEndpoint();
   req.requested_id = options.requested_id;
-  PS_ASSIGN_OR_RETURN(Registration reg,
-                      RegisterWithCoordinator(transport, options.coordinator, req,
-                                              options.register_timeout));
+  PS_ASSIGN_OR_RETURN(Registration reg, RegisterWithCoordinator(transport, options.coordinator, req,
+                                                                options.register_timeout));
   LOG(INFO) << "registered as server " << reg.id << " of " << reg.config.num_servers;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerCore> core, ServerCore::Create(reg.config, reg.id));
   Status s = ServeUntilShutdown(*socket, *core, stop, options.poll_interval);
   ServerStats st = core->stats();
-  LOG(INFO) << "server " << reg.id << " done: pushes applied " << st.pushes_applied
-            << ", rejected " << st.pushes_rejected << ", pulls " << st.pulls_served
-            << ", rows held " << st.rows_held;
+  LOG(INFO) << "server " << reg.id << " done: pushes applied " << st.pushes_applied << ", rejected "
+            << st.pushes_rejected << ", pulls " << st.pulls_served << ", rows held "
+            << st.rows_held;
   return s;
 }
 

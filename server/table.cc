@@ -18,17 +18,15 @@ Table::Table(const TableSpec& spec, RowRange held, uint64_t seed, size_t state_f
   }
 }
 
-uint64_t Table::rows_held() const {
-  return spec_.dense() ? held_.size() : sparse_index_.size();
-}
+uint64_t Table::rows_held() const { return spec_.dense() ? held_.size() : sparse_index_.size(); }
 
 Status Table::CheckRange(RowRange rows) const {
   if (!spec_.dense()) {
     return InvalidArgument("table '" + spec_.name + "' is sparse: address its rows by key list");
   }
   if (rows.begin > rows.end || rows.begin < held_.begin || rows.end > held_.end) {
-    return InvalidArgument("rows [" + std::to_string(rows.begin) + ", " +
-                           std::to_string(rows.end) + ") of table '" + spec_.name +
+    return InvalidArgument("rows [" + std::to_string(rows.begin) + ", " + std::to_string(rows.end) +
+                           ") of table '" + spec_.name +
                            "' are not held here (this server holds [" +
                            std::to_string(held_.begin) + ", " + std::to_string(held_.end) + "))");
   }
@@ -41,8 +39,7 @@ Status Table::CheckKeys(std::span<const uint64_t> keys) const {
     if (k < held_.begin || k >= held_.end) {
       return InvalidArgument("row " + std::to_string(k) + " of table '" + spec_.name +
                              "' is not held here (this server holds [" +
-                             std::to_string(held_.begin) + ", " + std::to_string(held_.end) +
-                             "))");
+                             std::to_string(held_.begin) + ", " + std::to_string(held_.end) + "))");
     }
   }
   return Status::Ok();

@@ -1,7 +1,7 @@
 // The rows one server holds of one table. A row is `width` values followed by the
-// optimizer's state for them (`state_floats` floats: see Optimizer::StateFloats). Dense tables hold a
-// contiguous block of their server's row range; sparse tables create a row on first touch
-// with the table's initializer.
+// optimizer's state for them (`state_floats` floats: see Optimizer::StateFloats). Dense tables hold
+// a contiguous block of their server's row range; sparse tables create a row on first touch with
+// the table's initializer.
 //
 // Thread model: not thread-safe; owned by the server's request loop.
 #pragma once

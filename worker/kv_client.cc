@@ -1,12 +1,11 @@
 #include "worker/kv_client.h"
 
+#include <glog/logging.h>
+#include <kj/exception.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <cstring>
-
-#include <glog/logging.h>
-#include <kj/exception.h>
 
 #include "common/wire.h"
 
@@ -46,8 +45,8 @@ Result<std::unique_ptr<KVClient>> KVClient::Create(Transport* transport, const J
                                                    const KVClientOptions& options) {
   if (static_cast<int>(endpoints.size()) != config.num_servers) {
     return InvalidArgument("got " + std::to_string(endpoints.size()) +
-                           " server endpoints for a job of " +
-                           std::to_string(config.num_servers) + " servers");
+                           " server endpoints for a job of " + std::to_string(config.num_servers) +
+                           " servers");
   }
   std::unique_ptr<KVClient> c(new KVClient(config, options));
   PS_RETURN_IF_ERROR(c->Start(transport, endpoints));
@@ -55,7 +54,7 @@ Result<std::unique_ptr<KVClient>> KVClient::Create(Transport* transport, const J
 }
 
 KVClient::KVClient(const JobConfig& config, const KVClientOptions& options)
-      : config_(config),
+    : config_(config),
       options_(options),
       shard_map_(config.table_specs, config.num_servers),
       pulled_version_(config.table_specs.size(),
@@ -147,27 +146,27 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
     }
     if (range->begin > range->end || range->end > spec.rows) {
       return Fail(InvalidArgument("rows [" + std::to_string(range->begin) + ", " +
-                                  std::to_string(range->end) + ") are outside table '" +
-                                  spec.name + "' of " + std::to_string(spec.rows) + " rows"),
+                                  std::to_string(range->end) + ") are outside table '" + spec.name +
+                                  "' of " + std::to_string(spec.rows) + " rows"),
                   std::move(done));
     }
     rows = range->size();
   } else if (spec.dense()) {
     for (uint64_t k : keys) {
       if (k >= spec.rows) {
-        return Fail(InvalidArgument("row " + std::to_string(k) + " is outside table '" +
-                                    spec.name + "' of " + std::to_string(spec.rows) + " rows"),
+        return Fail(InvalidArgument("row " + std::to_string(k) + " is outside table '" + spec.name +
+                                    "' of " + std::to_string(spec.rows) + " rows"),
                     std::move(done));
       }
     }
   }
   size_t floats = push ? grads.size() : out.size();
   if (floats != rows * width) {
-    return Fail(InvalidArgument(std::string(push ? "push" : "pull") + " on table '" + spec.name +
-                                "' got a buffer of " + std::to_string(floats) +
-                                " floats, expected " + std::to_string(rows) + " rows x " +
-                                std::to_string(width)),
-                std::move(done));
+    return Fail(
+        InvalidArgument(std::string(push ? "push" : "pull") + " on table '" + spec.name +
+                        "' got a buffer of " + std::to_string(floats) + " floats, expected " +
+                        std::to_string(rows) + " rows x " + std::to_string(width)),
+        std::move(done));
   }
 
   auto request = std::make_shared<Request>();
@@ -268,12 +267,10 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
       ++stats_.pulls;
     }
   }
-  return Enqueue(std::move(request), std::move(parts), std::move(request_ids),
-                 std::move(outgoing));
+  return Enqueue(std::move(request), std::move(parts), std::move(request_ids), std::move(outgoing));
 }
 
-Ticket KVClient::Enqueue(std::shared_ptr<Request> request,
-                         std::vector<std::shared_ptr<Part>> parts,
+Ticket KVClient::Enqueue(std::shared_ptr<Request> request, std::vector<std::shared_ptr<Part>> parts,
                          std::vector<uint64_t> request_ids, std::vector<Outgoing> outgoing) {
   Ticket ticket;
   {
@@ -330,8 +327,7 @@ Ticket KVClient::SendClock(bool leave, bool rejoin, Callback done) {
     request_ids.push_back(rid);
     outgoing.push_back(std::move(o));
   }
-  return Enqueue(std::move(request), std::move(parts), std::move(request_ids),
-                 std::move(outgoing));
+  return Enqueue(std::move(request), std::move(parts), std::move(request_ids), std::move(outgoing));
 }
 
 void KVClient::Complete(Ticket ticket, const Status& status) {
@@ -517,8 +513,9 @@ void KVClient::IoLoop() {
         }
       }
       for (auto [t, server] : expired) {
-        Complete(t, DeadlineExceeded("server " + std::to_string(server) + " did not answer within " +
-                                     std::to_string(options_.request_timeout.count()) + " ms"));
+        Complete(t,
+                 DeadlineExceeded("server " + std::to_string(server) + " did not answer within " +
+                                  std::to_string(options_.request_timeout.count()) + " ms"));
       }
     }
   }

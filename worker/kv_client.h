@@ -59,10 +59,10 @@ struct KVClientOptions {
 };
 
 struct KVClientStats {
-  uint64_t pushes = 0;        // Push calls
-  uint64_t pulls = 0;         // Pull calls
-  uint64_t bytes_pushed = 0;  // gradient payload bytes sent
-  uint64_t bytes_pulled = 0;  // value payload bytes received
+  uint64_t pushes = 0;          // Push calls
+  uint64_t pulls = 0;           // Pull calls
+  uint64_t bytes_pushed = 0;    // gradient payload bytes sent
+  uint64_t bytes_pulled = 0;    // value payload bytes received
   uint64_t pushes_dropped = 0;  // server parts refused as too stale
   // Over applied push parts: their staleness (shard versions behind) and learning rate.
   uint64_t staleness_count = 0;
@@ -122,8 +122,8 @@ class KVClient {
   KVClientStats stats() const;
 
  private:
-  struct Part;      // one server's share of a request
-  struct Request;   // one ticket
+  struct Part;     // one server's share of a request
+  struct Request;  // one ticket
   struct Outgoing {
     int server;
     Frames frames;
@@ -157,13 +157,13 @@ class KVClient {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  Ticket next_ticket_ = 1;                                     // guarded by mu_
-  std::vector<Outgoing> outbox_;                               // guarded by mu_
+  Ticket next_ticket_ = 1;                                         // guarded by mu_
+  std::vector<Outgoing> outbox_;                                   // guarded by mu_
   std::unordered_map<Ticket, std::shared_ptr<Request>> requests_;  // guarded by mu_
-  std::unordered_map<uint64_t, std::shared_ptr<Part>> parts_;  // request id -> part; mu_
-  KVClientStats stats_;                                        // guarded by mu_
+  std::unordered_map<uint64_t, std::shared_ptr<Part>> parts_;      // request id -> part; mu_
+  KVClientStats stats_;                                            // guarded by mu_
   // Shard version of the last pull, by table then server; sent back with pushes.
-  std::vector<std::vector<uint64_t>> pulled_version_;          // guarded by mu_
+  std::vector<std::vector<uint64_t>> pulled_version_;  // guarded by mu_
 };
 
 }  // namespace ps

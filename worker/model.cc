@@ -1,9 +1,9 @@
 #include "worker/model.h"
 
+#include <glog/logging.h>
+
 #include <algorithm>
 #include <cstring>
-
-#include <glog/logging.h>
 
 #include "worker/idx_reader.h"
 #include "worker/libsvm_reader.h"
@@ -40,8 +40,7 @@ json EvalJson(const BatchResult& r) {
 
 class MlpModel final : public TrainableModel {
  public:
-  MlpModel(const JobConfig& config, std::unique_ptr<Mlp> mlp, ImageDataset train,
-           ImageDataset test)
+  MlpModel(const JobConfig& config, std::unique_ptr<Mlp> mlp, ImageDataset train, ImageDataset test)
       : config_(config), mlp_(std::move(mlp)), train_(std::move(train)), test_(std::move(test)) {
     for (size_t i = 0; i < MlpParamSizes(mlp_->shape()).size(); ++i) {
       const TableSpec& t = config_.table_specs[i];
@@ -240,8 +239,10 @@ Result<std::unique_ptr<TrainableModel>> LoadModel(const JobConfig& config, Kerne
     return std::unique_ptr<TrainableModel>(
         new SparseLrModel(config, max_batch, std::move(train), std::move(test)));
   }
-  return InvalidArgument("ps_worker trains --model=mlp or --model=sparse_lr; this job's model "
-                         "is '" + config.model + "'");
+  return InvalidArgument(
+      "ps_worker trains --model=mlp or --model=sparse_lr; this job's model "
+      "is '" +
+      config.model + "'");
 }
 
 }  // namespace ps

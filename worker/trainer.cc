@@ -1,12 +1,12 @@
 #include "worker/trainer.h"
 
+#include <glog/logging.h>
+#include <kj/exception.h>
+
 #include <algorithm>
 #include <numeric>
 #include <random>
 #include <thread>
-
-#include <glog/logging.h>
-#include <kj/exception.h>
 
 #include "common/registration.h"
 #include "common/shard_map.h"
@@ -185,8 +185,15 @@ class CoordinatorChunkSource final : public ChunkSource {
 TrainingLoop::TrainingLoop(const JobConfig& config, int worker_id, KVClient* client,
                            TrainableModel* model, ProgressSink* sink, ChunkSource* chunks,
                            std::string device, double slowdown, int batch_size)
-    : config_(config), worker_id_(worker_id), client_(client), model_(model), sink_(sink),
-      chunks_(chunks), device_(std::move(device)), slowdown_(slowdown), fixed_batch_(batch_size),
+    : config_(config),
+      worker_id_(worker_id),
+      client_(client),
+      model_(model),
+      sink_(sink),
+      chunks_(chunks),
+      device_(std::move(device)),
+      slowdown_(slowdown),
+      fixed_batch_(batch_size),
       batch_(batch_size > 0 ? batch_size : config.batch_size) {}
 
 Status TrainingLoop::WaitInFlight() {
@@ -216,14 +223,10 @@ Result<json> TrainingLoop::Evaluate(int epoch, bool final_eval) {
 }
 
 json TrainingLoop::Totals() const {
-  return {{"examples", examples_},
-          {"steps", steps_},
-          {"clock", client_->clock()},
-          {"seconds", seconds_},
-          {"wait_seconds", wait_seconds_},
-          {"compute_seconds", compute_seconds_},
-          {"batch_size", batch_},
-          {"device", device_}};
+  return {{"examples", examples_},         {"steps", steps_},
+          {"clock", client_->clock()},     {"seconds", seconds_},
+          {"wait_seconds", wait_seconds_}, {"compute_seconds", compute_seconds_},
+          {"batch_size", batch_},          {"device", device_}};
 }
 
 Status TrainingLoop::ReportTraining(int epoch, double epoch_fraction, bool force) {
@@ -360,11 +363,10 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
   const JobConfig& config = reg.config;
   // With --batch_size=auto a worker's batch follows its share of the job's throughput, at
   // most every worker's batches together.
-  const int max_batch = std::max(options.batch_size,
-                                 config.auto_batch ? config.batch_size * config.num_workers
-                                                   : config.batch_size);
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<TrainableModel> model,
-                      LoadModel(config, kernels, max_batch));
+  const int max_batch =
+      std::max(options.batch_size,
+               config.auto_batch ? config.batch_size * config.num_workers : config.batch_size);
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<TrainableModel> model, LoadModel(config, kernels, max_batch));
   KVClientOptions copt;
   copt.client_id = reg.id;
   copt.request_timeout = options.request_timeout;
@@ -392,7 +394,8 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
 
 }  // namespace
 
-Status RunWorker(const WorkerOptions& options, Transport* transport, const std::atomic<bool>& stop) {
+Status RunWorker(const WorkerOptions& options, Transport* transport,
+                 const std::atomic<bool>& stop) {
   if (options.batch_size < 0) {
     return InvalidArgument("--batch_size=" + std::to_string(options.batch_size) +
                            " is not allowed: expected 0 (the job's) or a positive count");
@@ -405,8 +408,8 @@ Status RunWorker(const WorkerOptions& options, Transport* transport, const std::
   RegisterRequest req;
   req.device = kernels->DeviceName();
   req.requested_id = options.requested_id;
-  PS_ASSIGN_OR_RETURN(Registration reg, RegisterWithCoordinator(transport, options.coordinator,
-                                                                req, options.register_timeout));
+  PS_ASSIGN_OR_RETURN(Registration reg, RegisterWithCoordinator(transport, options.coordinator, req,
+                                                                options.register_timeout));
   LOG(INFO) << "registered as worker " << reg.id << " of " << reg.config.num_workers << " on "
             << req.device;
   json totals = json::object();

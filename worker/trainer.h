@@ -16,13 +16,12 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <mutex>
-#include <chrono>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/job_config.h"
 #include "common/lease_table.h"
@@ -134,11 +133,11 @@ class TrainingLoop {
   ChunkSource* chunks_;
   const std::string device_;
   const double slowdown_;
-  const int fixed_batch_;  // this worker's own batch size; 0: follow the chunk source
-  int batch_ = 0;          // the batch size in use
+  const int fixed_batch_;       // this worker's own batch size; 0: follow the chunk source
+  int batch_ = 0;               // the batch size in use
   std::vector<int64_t> order_;  // the current epoch's example order
   int order_epoch_ = 0;
-  double compute_seconds_ = 0;  // forward/backward (and --slowdown), for the throughput
+  double compute_seconds_ = 0;     // forward/backward (and --slowdown), for the throughput
   std::vector<Ticket> in_flight_;  // this step's pushes and clock tick
 
   // Totals and the current report interval.

@@ -1,22 +1,25 @@
 // ps_worker: trains the job's model on its share of the data, on a CPU or a GPU.
-#include <csignal>
-
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+
+#include <csignal>
 
 #include "kernels/kernels.h"
 #include "worker/trainer.h"
 
 DEFINE_string(coordinator, "", "the coordinator's endpoint, e.g. tcp://127.0.0.1:7000 (required)");
-DEFINE_string(device, "cpu", "cpu | cuda | cuda:N | auto (a GPU when one is visible, else the CPU)");
-DEFINE_int32(id, -1,
-             "this process's id within its role, as a launcher numbers it (-1: registration order)");
+DEFINE_string(device, "cpu",
+              "cpu | cuda | cuda:N | auto (a GPU when one is visible, else the CPU)");
+DEFINE_int32(
+    id, -1, "this process's id within its role, as a launcher numbers it (-1: registration order)");
 DEFINE_int32(register_timeout_ms, 120000, "how long to wait for the job to assemble");
 DEFINE_int32(request_timeout_ms, 600000,
              "how long a push or pull may take (more than the job's staleness_wait_seconds)");
-DEFINE_double(slowdown, 1, "make this worker this many times slower (a straggler, for experiments)");
-DEFINE_int32(batch_size, 0,
-             "this worker's batch size (0: the job's, or the coordinator's with --batch_size=auto)");
+DEFINE_double(slowdown, 1,
+              "make this worker this many times slower (a straggler, for experiments)");
+DEFINE_int32(
+    batch_size, 0,
+    "this worker's batch size (0: the job's, or the coordinator's with --batch_size=auto)");
 
 namespace {
 std::atomic<bool> g_stop{false};

@@ -8,15 +8,15 @@
 // all and is split across the servers. Raw ZeroMQ: a DEALER sends the same bytes to a
 // ROUTER that answers with an 8-byte ack, one message in flight (as a push waits for its
 // ack). Sparse: pulls of 1000 random keys of a 16-float sparse table.
+#include <gflags/gflags.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
-
-#include <gflags/gflags.h>
-#include <nlohmann/json.hpp>
 
 #include "common/job_config.h"
 #include "common/transport.h"
@@ -36,7 +36,8 @@ using SteadyClock = std::chrono::steady_clock;
 constexpr int kRowFloats = 1024;
 
 std::string Endpoint(const std::string& name) {
-  if (FLAGS_transport == "ipc") return "ipc:///tmp/ps_bench_" + std::to_string(getpid()) + "_" + name;
+  if (FLAGS_transport == "ipc")
+    return "ipc:///tmp/ps_bench_" + std::to_string(getpid()) + "_" + name;
   return "tcp://127.0.0.1:*";
 }
 
@@ -129,15 +130,22 @@ void Run() {
     double raw = RawZmqGbps(t, bytes);
     for (int servers : {1, 2}) {
       uint64_t table_rows = bytes / (kRowFloats * sizeof(float));
-      Cluster c(t, servers, "dense:" + std::to_string(table_rows) + ":" + std::to_string(kRowFloats));
+      Cluster c(t, servers,
+                "dense:" + std::to_string(table_rows) + ":" + std::to_string(kRowFloats));
       std::vector<float> buf(table_rows * kRowFloats, 0.0f);
       RowRange all{0, table_rows};
-      double push = Rate([&] { (void)c.client->Wait(c.client->PushRange(0, all, buf)); }) * bytes / 1e9;
-      double pull = Rate([&] { (void)c.client->Wait(c.client->PullRange(0, all, buf)); }) * bytes / 1e9;
+      double push =
+          Rate([&] { (void)c.client->Wait(c.client->PushRange(0, all, buf)); }) * bytes / 1e9;
+      double pull =
+          Rate([&] { (void)c.client->Wait(c.client->PullRange(0, all, buf)); }) * bytes / 1e9;
       for (auto [mode, gbps] : {std::pair<const char*, double>{"push", push}, {"pull", pull}}) {
         std::printf("%-6s %8d %8d %10.2f %12.2f %8.2f\n", mode, mb, servers, gbps, raw, gbps / raw);
-        rows.push_back({{"mode", mode}, {"size_bytes", bytes}, {"servers", servers},
-                        {"path", FLAGS_transport}, {"gbps", gbps}, {"zmq_gbps", raw}});
+        rows.push_back({{"mode", mode},
+                        {"size_bytes", bytes},
+                        {"servers", servers},
+                        {"path", FLAGS_transport},
+                        {"gbps", gbps},
+                        {"zmq_gbps", raw}});
       }
     }
   }
@@ -154,8 +162,11 @@ void Run() {
     });
     std::printf("sparse pull, 1000 keys x 16 floats, %d server(s): %.0f rows/s\n", servers,
                 rate * keys.size());
-    rows.push_back({{"mode", "sparse_pull"}, {"keys", keys.size()}, {"servers", servers},
-                    {"path", FLAGS_transport}, {"rows_per_sec", rate * keys.size()}});
+    rows.push_back({{"mode", "sparse_pull"},
+                    {"keys", keys.size()},
+                    {"servers", servers},
+                    {"path", FLAGS_transport},
+                    {"rows_per_sec", rate * keys.size()}});
   }
   if (!FLAGS_json.empty()) {
     std::ofstream out(FLAGS_json);

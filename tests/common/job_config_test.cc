@@ -41,12 +41,18 @@ TEST(JobConfigTest, BadValuesNameTheFlagTheValueAndTheRange) {
     std::string flag, value, expect;
   };
   std::vector<Case> cases = {
-      {"base_lr", "-0.1", "--base_lr=-0.1"},  {"base_lr", "abc", "a number in"},
-      {"epochs", "0", "[1, 100000]"},          {"num_servers", "-2", "--num_servers=-2"},
-      {"batch_size", "1.5", "an integer"},      {"optimizer", "rmsprop", "one of sgd"},
-      {"model", "resnet", "one of mlp|sparse_lr|none"},   {"mlp_layers", "784,x,10", "positive integers"},
-      {"mlp_layers", "784", "at least two"},    {"tables", "a:b", "NAME:ROWS:WIDTH"},
-      {"tables", "a:10:0", "bad width"},         {"tables", "a:10:4:gauss", "zeros|uniform|normal"},
+      {"base_lr", "-0.1", "--base_lr=-0.1"},
+      {"base_lr", "abc", "a number in"},
+      {"epochs", "0", "[1, 100000]"},
+      {"num_servers", "-2", "--num_servers=-2"},
+      {"batch_size", "1.5", "an integer"},
+      {"optimizer", "rmsprop", "one of sgd"},
+      {"model", "resnet", "one of mlp|sparse_lr|none"},
+      {"mlp_layers", "784,x,10", "positive integers"},
+      {"mlp_layers", "784", "at least two"},
+      {"tables", "a:b", "NAME:ROWS:WIDTH"},
+      {"tables", "a:10:0", "bad width"},
+      {"tables", "a:10:4:gauss", "zeros|uniform|normal"},
       {"tables", "t:2:2,t:3:3", "declared twice"},
   };
   for (const Case& c : cases) {

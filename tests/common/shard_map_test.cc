@@ -1,8 +1,8 @@
 #include "common/shard_map.h"
 
-#include <set>
-
 #include <gtest/gtest.h>
+
+#include <set>
 
 namespace ps {
 namespace {
@@ -42,7 +42,8 @@ TEST(ShardMapTest, DenseRowsHaveExactlyOneServer) {
 TEST(ShardMapTest, SmallTablesSpreadOverServers) {
   // One-row tables should not all land on the same server.
   std::vector<TableSpec> t;
-  for (uint32_t i = 0; i < 8; ++i) t.push_back({i, "b" + std::to_string(i), 1, 4, InitKind::kZeros, 0});
+  for (uint32_t i = 0; i < 8; ++i)
+    t.push_back({i, "b" + std::to_string(i), 1, 4, InitKind::kZeros, 0});
   ShardMap map(t, 4);
   std::set<int> used;
   for (uint32_t i = 0; i < 8; ++i) used.insert(map.ServerOf(i, 0));

@@ -1,9 +1,9 @@
 // The wire schema and its decoder: round trips, and that bad frames become errors.
 #include "common/wire.h"
 
-#include <cstring>
-
 #include <gtest/gtest.h>
+
+#include <cstring>
 
 namespace ps {
 namespace {
@@ -63,10 +63,10 @@ TEST(WireTest, EveryMessageTypeRoundTrips) {
 }
 
 TEST(WireTest, StatusCodesSurviveTheWire) {
-  for (StatusCode c : {StatusCode::kInvalidArgument, StatusCode::kNotFound,
-                       StatusCode::kFailedPrecondition, StatusCode::kUnavailable,
-                       StatusCode::kDeadlineExceeded, StatusCode::kInternal,
-                       StatusCode::kVersionMismatch, StatusCode::kAborted}) {
+  for (StatusCode c :
+       {StatusCode::kInvalidArgument, StatusCode::kNotFound, StatusCode::kFailedPrecondition,
+        StatusCode::kUnavailable, StatusCode::kDeadlineExceeded, StatusCode::kInternal,
+        StatusCode::kVersionMismatch, StatusCode::kAborted}) {
     EXPECT_EQ(FromWire(ToWire(c)), c);
   }
 }

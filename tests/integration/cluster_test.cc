@@ -1,6 +1,8 @@
 // Multi-process tests on loopback: a real ps_coordinator and real ps_server processes,
 // with workers played by threads of this test (RegisterWithCoordinator + KVClient), so
 // that the test knows every gradient pushed and can demand exact final values.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,13 +11,10 @@
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "common/registration.h"
 #include "common/shard_map.h"

@@ -1,8 +1,7 @@
 // Whole jobs on real data through scripts/launch_local.sh: the run directory must show a
 // model that learned, every example seen once per epoch, and no process left behind.
-#include <unistd.h>
-
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "tests/integration/job_test_util.h"
 
@@ -15,8 +14,8 @@ constexpr char kTrainImages[] = "/usr/share/datasets/fashion-mnist/train-images-
 // Each job takes well under a minute on two cores; the margin is for slow CI machines.
 constexpr std::chrono::seconds kJobTimeout{240};
 
-#define SKIP_WITHOUT_FASHION_MNIST()                                                       \
-  if (access(kTrainImages, R_OK) != 0) {                                                   \
+#define SKIP_WITHOUT_FASHION_MNIST()                                                      \
+  if (access(kTrainImages, R_OK) != 0) {                                                  \
     GTEST_SKIP() << kTrainImages << " is not here (scripts/install_deps.sh installs it)"; \
   }
 
@@ -62,10 +61,10 @@ TEST(FashionMnistTest, AStragglerUnderAutoBatchLeasesAThirdAsMuch) {
   SKIP_WITHOUT_FASHION_MNIST();
   itest::TempDir dir("ps_fashion_mnist_test_");
   const std::string run_dir = dir.Join("run");
-  auto r = itest::RunLaunchLocal({itest::SourceDir() + "/configs/fashion_mnist_mlp.flags",
-                                  "--workers", "2", "--slow_worker", "1:3", "--", "--epochs=2",
-                                  "--batch_size=auto", "--staleness=2"},
-                                 run_dir, dir.Join("launch.log"), kJobTimeout);
+  auto r = itest::RunLaunchLocal(
+      {itest::SourceDir() + "/configs/fashion_mnist_mlp.flags", "--workers", "2", "--slow_worker",
+       "1:3", "--", "--epochs=2", "--batch_size=auto", "--staleness=2"},
+      run_dir, dir.Join("launch.log"), kJobTimeout);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_EQ(r->exit_status, 0) << r->logs;
   const json& summary = r->summary;

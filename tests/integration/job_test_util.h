@@ -4,19 +4,18 @@
 // their logs when a test fails.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <csignal>
+#include <filesystem>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "common/registration.h"
 #include "common/wire.h"
@@ -45,7 +44,7 @@ inline Frames OneFrame(capnp::MallocMessageBuilder& b) {
 
 // A Register header as a worker sends it, with any protocol version.
 inline Frames WorkerRegisterFrames(uint32_t protocol_version, uint64_t request_id,
-                            const std::string& device) {
+                                   const std::string& device) {
   capnp::MallocMessageBuilder b;
   auto h = NewHeader(b, request_id, -1);
   h.setProtocolVersion(protocol_version);
@@ -59,8 +58,8 @@ inline Frames WorkerRegisterFrames(uint32_t protocol_version, uint64_t request_i
 
 // Sends a request on a socket with nothing else in flight and checks that the reply is
 // `expected` (an `error` reply is its Status).
-inline Status CallExpecting(ClientSocket& socket, Frames request, wire::Header::Body::Which expected,
-                     Deadline deadline) {
+inline Status CallExpecting(ClientSocket& socket, Frames request,
+                            wire::Header::Body::Which expected, Deadline deadline) {
   PS_ASSIGN_OR_RETURN(CallReply reply, Call(socket, std::move(request), TimeLeft(deadline)));
   if (reply.header.get().getBody().which() != expected) {
     return Internal("the coordinator answered with an unexpected message type");
@@ -69,7 +68,8 @@ inline Status CallExpecting(ClientSocket& socket, Frames request, wire::Header::
 }
 
 // One line of metrics.jsonl; the final eval report ends the job.
-inline Status SendReport(ClientSocket& coordinator, int worker_id, const json& report, Deadline deadline) {
+inline Status SendReport(ClientSocket& coordinator, int worker_id, const json& report,
+                         Deadline deadline) {
   capnp::MallocMessageBuilder b;
   NewHeader(b, 11, worker_id).getBody().initReport().setJson(report.dump());
   return CallExpecting(coordinator, OneFrame(b), wire::Header::Body::REPORT_REPLY, deadline);
@@ -78,7 +78,7 @@ inline Status SendReport(ClientSocket& coordinator, int worker_id, const json& r
 // Tells the coordinator this worker is done (or failed) and waits for every worker to be:
 // the coordinator answers only then.
 inline Status SendDone(ClientSocket& coordinator, int worker_id, const Status& outcome,
-                Deadline deadline) {
+                       Deadline deadline) {
   capnp::MallocMessageBuilder b;
   auto done = NewHeader(b, 12, worker_id).getBody().initDone();
   done.setJson(json({{"examples", 0}, {"device", "test thread"}, {"seconds", 0}}).dump());
@@ -111,7 +111,7 @@ class JobTest : public ::testing::Test {
   Result<ChildProcess> StartCoordinator(const std::vector<std::string>& job_flags,
                                         Deadline deadline, std::string* endpoint) {
     std::vector<std::string> argv = {
-        BinaryPath("ps_coordinator"),  "--listen=tcp://127.0.0.1:*",
+        BinaryPath("ps_coordinator"),         "--listen=tcp://127.0.0.1:*",
         "--endpoint_file=" + dir_.Join("ep"), "--run_dir=" + RunDir(),
         "--progress_every_seconds=0",         "--register_timeout_ms=30000"};
     argv.insert(argv.end(), job_flags.begin(), job_flags.end());
@@ -156,8 +156,8 @@ class JobTest : public ::testing::Test {
 struct LaunchResult {
   int exit_status = -1;
   double seconds = 0;
-  std::string logs;  // the script's console and the tail of every process's log
-  json summary;      // summary.json (null when missing)
+  std::string logs;           // the script's console and the tail of every process's log
+  json summary;               // summary.json (null when missing)
   std::vector<json> metrics;  // metrics.jsonl, line by line
   // ps_* processes of the job still alive after the script exited.
   std::vector<ProcessInfo> leftovers;
@@ -190,7 +190,8 @@ inline Result<LaunchResult> RunLaunchLocal(const std::vector<std::string>& args,
   r.logs = "---- launch_local.sh ----\n" + TailOfFile(log, 40);
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(run_dir + "/logs", ec)) {
-    r.logs += "---- " + e.path().filename().string() + " ----\n" + TailOfFile(e.path().string(), 20);
+    r.logs +=
+        "---- " + e.path().filename().string() + " ----\n" + TailOfFile(e.path().string(), 20);
   }
   // Nothing the script started may outlive it: its process group, and any process whose
   // command line names the run directory or the coordinator's endpoint (servers and

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <glog/logging.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/inotify.h>
@@ -21,8 +22,6 @@
 #include <sstream>
 #include <thread>
 #include <utility>
-
-#include <glog/logging.h>
 
 extern char** environ;
 

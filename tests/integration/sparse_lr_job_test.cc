@@ -15,8 +15,8 @@ TEST(SparseLrJobTest, RecoversTheGroundTruthThroughTheParameterServer) {
   const auto deadline = itest::DeadlineIn(std::chrono::seconds(120));
   auto gen = itest::ChildProcess::Spawn(
       {itest::BinaryPath("ps_make_sparse_data"), "--features=100000", "--examples=60000",
-       "--nnz=15", "--seed=7", "--out=" + dir.Join("train.svm"), "--test_out=" + dir.Join("test.svm"),
-       "--test_examples=10000"},
+       "--nnz=15", "--seed=7", "--out=" + dir.Join("train.svm"),
+       "--test_out=" + dir.Join("test.svm"), "--test_examples=10000"},
       dir.Join("gen.log"));
   ASSERT_TRUE(gen.ok()) << gen.status().ToString();
   auto gen_rc = gen->WaitExit(deadline);
@@ -24,8 +24,8 @@ TEST(SparseLrJobTest, RecoversTheGroundTruthThroughTheParameterServer) {
 
   auto r = itest::RunLaunchLocal(
       {itest::SourceDir() + "/configs/sparse_lr.flags", "--servers", "2", "--workers", "2", "--",
-       "--train_data=" + dir.Join("train.svm"), "--test_data=" + dir.Join("test.svm"),
-       "--epochs=2", "--chunk_examples=4096"},
+       "--train_data=" + dir.Join("train.svm"), "--test_data=" + dir.Join("test.svm"), "--epochs=2",
+       "--chunk_examples=4096"},
       dir.Join("run"), dir.Join("launch.log"), std::chrono::seconds(120));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_EQ(r->exit_status, 0) << r->logs;

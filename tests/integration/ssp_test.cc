@@ -5,10 +5,10 @@
 // Every pull therefore shows exactly which clocks of every worker it sees, and the test
 // checks the SSP invariant of Ho et al. 2013 directly: a worker pulling at clock c sees
 // every update of clocks <= c - S - 1 of every worker.
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "tests/integration/job_test_util.h"
 #include "worker/kv_client.h"
@@ -54,7 +54,8 @@ Status RunWorker(Transport* transport, const std::string& coordinator, int stale
   std::vector<Ticket> in_flight;
   for (int c = 0; c < kClocks; ++c) {
     RequestInfo info;
-    PS_RETURN_IF_ERROR(client->Wait(client->PullRange(counter, RowRange{0, kWorkers}, rows), &info));
+    PS_RETURN_IF_ERROR(
+        client->Wait(client->PullRange(counter, RowRange{0, kWorkers}, rows), &info));
     log->held_seconds += info.held_seconds;
     for (int j = 0; j < kWorkers; ++j) {
       if (j == w) continue;
@@ -64,9 +65,10 @@ Status RunWorker(Transport* transport, const std::string& coordinator, int stale
     }
     std::this_thread::sleep_for(w == kSlowWorker ? kStep * 4 : kStep);  // the step's compute
     for (Ticket t : in_flight) PS_RETURN_IF_ERROR(client->Wait(t));
-    in_flight = {client->PushRange(counter, RowRange{static_cast<uint64_t>(w),
-                                                     static_cast<uint64_t>(w) + 1}, one),
-                 client->Clock()};
+    in_flight = {
+        client->PushRange(counter, RowRange{static_cast<uint64_t>(w), static_cast<uint64_t>(w) + 1},
+                          one),
+        client->Clock()};
   }
   for (Ticket t : in_flight) PS_RETURN_IF_ERROR(client->Wait(t));
   PS_RETURN_IF_ERROR(client->Wait(client->Leave()));
@@ -79,12 +81,12 @@ TEST_P(SspTest, EveryPullSeesTheUpdatesTheBoundPromises) {
   const int staleness = GetParam();
   const Deadline deadline = DeadlineIn(itest::kTestTimeout);
   std::string endpoint;
-  auto coordinator = StartCoordinator(
-      {"--model=none", "--tables=counter:" + std::to_string(kWorkers) + ":1:zeros",
-       "--num_servers=2", "--num_workers=" + std::to_string(kWorkers),
-       "--staleness=" + std::to_string(staleness), "--optimizer=sgd", "--lr_policy=fixed",
-       "--base_lr=1", "--staleness_wait_seconds=30"},
-      deadline, &endpoint);
+  auto coordinator =
+      StartCoordinator({"--model=none", "--tables=counter:" + std::to_string(kWorkers) + ":1:zeros",
+                        "--num_servers=2", "--num_workers=" + std::to_string(kWorkers),
+                        "--staleness=" + std::to_string(staleness), "--optimizer=sgd",
+                        "--lr_policy=fixed", "--base_lr=1", "--staleness_wait_seconds=30"},
+                       deadline, &endpoint);
   ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
   auto s0 = StartServer(0, endpoint);
   auto s1 = StartServer(1, endpoint);
@@ -114,7 +116,8 @@ TEST_P(SspTest, EveryPullSeesTheUpdatesTheBoundPromises) {
   // Worker 0 ends the job with the final report.
   for (int i = 0; i < kWorkers; ++i) {
     if (ids[i] == 0) {
-      ASSERT_TRUE(itest::SendReport(*regs[i].coordinator, 0, itest::FinalEvalReport(), deadline).ok());
+      ASSERT_TRUE(
+          itest::SendReport(*regs[i].coordinator, 0, itest::FinalEvalReport(), deadline).ok());
     }
   }
   ExpectCleanExit(*coordinator, "coordinator", deadline);

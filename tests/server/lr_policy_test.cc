@@ -2,12 +2,12 @@
 // cosine), warmup, and staleness-aware scaling.
 #include "server/lr_policy.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <map>
 #include <numbers>
 #include <string>
-
-#include <gtest/gtest.h>
 
 namespace ps {
 namespace {

@@ -4,13 +4,13 @@
 // and clipping on and off.
 #include "server/optimizer.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <random>
 #include <string>
 #include <tuple>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace ps {
 namespace {

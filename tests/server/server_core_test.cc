@@ -2,10 +2,10 @@
 // request gets an error and leaves the model unchanged.
 #include "server/server_core.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <limits>
-
-#include <gtest/gtest.h>
 
 #include "tests/server/test_messages.h"
 
@@ -107,8 +107,8 @@ TEST_F(ServerCoreTest, BadRequestsGetErrorsAndChangeNothing) {
     const char* message;
   };
   std::vector<Case> cases;
-  cases.push_back({"unknown table", RangePush(1, 9, 0, 1, {1, 1, 1}), StatusCode::kNotFound,
-                   "table id 9"});
+  cases.push_back(
+      {"unknown table", RangePush(1, 9, 0, 1, {1, 1, 1}), StatusCode::kNotFound, "table id 9"});
   cases.push_back({"wrong payload length", RangePush(1, 0, 0, 2, {1, 1, 1}),
                    StatusCode::kInvalidArgument, "expected 2 rows x 3"});
   cases.push_back({"future protocol version",
@@ -132,12 +132,14 @@ TEST_F(ServerCoreTest, BadRequestsGetErrorsAndChangeNothing) {
   {
     Frames f = KeyPush(1, 1, {3, 77}, {1, 1, 1, 1});
     f[1] = testing::KeysFrame({3});  // header says 2 keys
-    cases.push_back({"key count mismatch", std::move(f), StatusCode::kInvalidArgument, "header says 2"});
+    cases.push_back(
+        {"key count mismatch", std::move(f), StatusCode::kInvalidArgument, "header says 2"});
   }
   {
     Frames f = RangePush(1, 0, 0, 1, {1, 1, 1});
     f[1] = zmq::message_t(f[1].data(), 10);  // truncated mid-float
-    cases.push_back({"truncated payload", std::move(f), StatusCode::kInvalidArgument, "whole number"});
+    cases.push_back(
+        {"truncated payload", std::move(f), StatusCode::kInvalidArgument, "whole number"});
   }
   {
     Frames f = RangePush(1, 0, 0, 1, {1, 1, 1});

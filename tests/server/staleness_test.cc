@@ -81,7 +81,7 @@ TEST(StalenessTest, AspNeverHolds) {
 TEST(StalenessTest, PerTableBoundsOverrideTheJobBound) {
   auto core = MakeCore({{"staleness", "0"}, {"table_staleness", "b:-1"}});
   ASSERT_EQ(Send(*core, "w0", ClockTick(1, 0, 1)).size(), 1u);
-  EXPECT_TRUE(Send(*core, "w0", RangePull(2, 0, 0, 4, 0, 1)).empty());  // a: BSP
+  EXPECT_TRUE(Send(*core, "w0", RangePull(2, 0, 0, 4, 0, 1)).empty());   // a: BSP
   EXPECT_EQ(Send(*core, "w0", RangePull(3, 1, 0, 4, 0, 1)).size(), 1u);  // b: ASP
 }
 

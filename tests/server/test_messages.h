@@ -17,7 +17,8 @@ inline zmq::message_t KeysFrame(const std::vector<uint64_t>& v) {
 
 // A push of `values` to rows [begin, end) of `table`.
 inline Frames RangePush(uint64_t rid, uint32_t table, uint64_t begin, uint64_t end,
-                        const std::vector<float>& values, uint32_t version = wire::PROTOCOL_VERSION) {
+                        const std::vector<float>& values,
+                        uint32_t version = wire::PROTOCOL_VERSION) {
   capnp::MallocMessageBuilder b;
   auto h = NewHeader(b, rid, 0);
   h.setProtocolVersion(version);

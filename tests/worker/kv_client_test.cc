@@ -3,13 +3,13 @@
 // that keeps serving good clients while a bad peer sends it garbage.
 #include "worker/kv_client.h"
 
+#include <gtest/gtest.h>
+
 #include <atomic>
 #include <cmath>
 #include <future>
 #include <limits>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "server/server_node.h"
 #include "tests/server/test_messages.h"
@@ -29,7 +29,8 @@ class KVClientTest : public ::testing::Test {
     cluster_ = std::make_unique<testing::InProcessCluster>(&transport_, config_);
     client_ = NewClient();
   }
-  std::unique_ptr<KVClient> NewClient(std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  std::unique_ptr<KVClient> NewClient(
+      std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
     KVClientOptions o;
     o.request_timeout = timeout;
     return KVClient::Create(&transport_, config_, cluster_->endpoints(), o).value();
@@ -105,7 +106,8 @@ TEST_F(KVClientTest, ManyRequestsInFlightFromSeveralThreads) {
 TEST_F(KVClientTest, CallbackRunsOnceAndTheTicketIsForgotten) {
   std::promise<Status> done;
   std::vector<float> grad(5, 1.0f);
-  Ticket t = client_->PushRange(0, RowRange{7, 8}, grad, [&](const Status& s) { done.set_value(s); });
+  Ticket t =
+      client_->PushRange(0, RowRange{7, 8}, grad, [&](const Status& s) { done.set_value(s); });
   auto f = done.get_future();
   ASSERT_EQ(f.wait_for(std::chrono::seconds(20)), std::future_status::ready);
   EXPECT_TRUE(f.get().ok());
@@ -155,10 +157,18 @@ TEST_F(KVClientTest, ServerKeepsServingWhileABadPeerSendsGarbage) {
     while (!stop.load()) {
       Frames f;
       switch (i++ % 4) {
-        case 0: f.push_back(zmq::message_t(std::string(33, '\x01'))); break;
-        case 1: f = testing::RangePush(1, 0, 0, 1, {1, 1}); break;               // wrong length
-        case 2: f = testing::RangePush(1, 42, 0, 1, {1, 1, 1, 1, 1}); break;     // unknown table
-        case 3: f = testing::RangePush(1, 0, 0, 1, {1, 1, 1, 1, 1}, 99); break;  // version
+        case 0:
+          f.push_back(zmq::message_t(std::string(33, '\x01')));
+          break;
+        case 1:
+          f = testing::RangePush(1, 0, 0, 1, {1, 1});
+          break;  // wrong length
+        case 2:
+          f = testing::RangePush(1, 42, 0, 1, {1, 1, 1, 1, 1});
+          break;  // unknown table
+        case 3:
+          f = testing::RangePush(1, 0, 0, 1, {1, 1, 1, 1, 1}, 99);
+          break;  // version
       }
       if (!bad->Send(std::move(f)).ok()) break;
       Result<Frames> r = bad->Recv(std::chrono::seconds(10));
@@ -180,7 +190,8 @@ TEST_F(KVClientTest, ServerKeepsServingWhileABadPeerSendsGarbage) {
 TEST(KVClientTimeoutTest, UnansweredRequestsTimeOut) {
   Transport t;
   JobConfig config =
-      JobConfig::FromFlagMap({{"model", "none"}, {"tables", "d:4:1"}, {"num_servers", "1"}}).value();
+      JobConfig::FromFlagMap({{"model", "none"}, {"tables", "d:4:1"}, {"num_servers", "1"}})
+          .value();
   // Nobody listens here: the request waits in ZeroMQ's queue until it times out.
   KVClientOptions o;
   o.request_timeout = std::chrono::milliseconds(300);

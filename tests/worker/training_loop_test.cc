@@ -1,15 +1,14 @@
 // The training loop against in-process servers: with one worker and staleness 0 it is
 // plain sequential SGD on the same data order, to the last bit; its reports carry the
 // figures the coordinator needs; a worker that finishes leaves the clock table.
-#include "worker/trainer.h"
+#include <gtest/gtest.h>
 
 #include <cstring>
 #include <random>
 
-#include <gtest/gtest.h>
-
 #include "common/shard_map.h"
 #include "tests/worker/in_process_cluster.h"
+#include "worker/trainer.h"
 
 namespace ps {
 namespace {
