@@ -153,15 +153,19 @@ Result<double> CudaPeakMemoryBandwidth(int device);
 // halve a CPU training loop's speed.
 void EnableFlushToZero();
 
-// An owning, typed buffer in a backend's memory space.
-template <typename T>
-class DeviceBuffer {
+// The two memory spaces a backend allocates in.
+enum class MemorySpace { kDevice, kPinnedHost };
+
+// An owning, typed buffer from a backend: in its device memory (AllocBytes) or pinned host
+// memory for staging transfers (AllocHostPinned). Use the aliases below.
+template <typename T, MemorySpace kSpace>
+class KernelsBuffer {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+  KernelsBuffer() = default;
+  KernelsBuffer(const KernelsBuffer&) = delete;
+  KernelsBuffer& operator=(const KernelsBuffer&) = delete;
+  KernelsBuffer(KernelsBuffer&& o) noexcept { *this = std::move(o); }
+  KernelsBuffer& operator=(KernelsBuffer&& o) noexcept {
     Reset();
     k_ = o.k_;
     p_ = o.p_;
@@ -171,22 +175,34 @@ class DeviceBuffer {
     o.n_ = 0;
     return *this;
   }
-  ~DeviceBuffer() { Reset(); }
+  ~KernelsBuffer() { Reset(); }
 
-  static Result<DeviceBuffer> Make(Kernels* k, size_t n) {
-    DeviceBuffer b;
+  static Result<KernelsBuffer> Make(Kernels* k, size_t n) {
+    KernelsBuffer b;
     b.k_ = k;
     b.n_ = n;
     if (n == 0) return b;
-    Result<void*> p = k->AllocBytes(n * sizeof(T));
+    Result<void*> p = kSpace == MemorySpace::kDevice ? k->AllocBytes(n * sizeof(T))
+                                                     : k->AllocHostPinned(n * sizeof(T));
     if (!p.ok()) return p.status();
     b.p_ = static_cast<T*>(p.value());
     return b;
   }
   T* get() const { return p_; }
   size_t size() const { return n_; }
+  // Host buffers only: the device's memory is not addressable from the host.
+  T& operator[](size_t i) const {
+    static_assert(kSpace == MemorySpace::kPinnedHost, "device memory is not host-addressable");
+    return p_[i];
+  }
   void Reset() {
-    if (k_ != nullptr && p_ != nullptr) k_->FreeBytes(p_);
+    if (k_ != nullptr && p_ != nullptr) {
+      if (kSpace == MemorySpace::kDevice) {
+        k_->FreeBytes(p_);
+      } else {
+        k_->FreeHostPinned(p_);
+      }
+    }
     p_ = nullptr;
     n_ = 0;
   }
@@ -197,49 +213,9 @@ class DeviceBuffer {
   size_t n_ = 0;
 };
 
-// An owning, typed staging buffer in host memory from AllocHostPinned (see there).
 template <typename T>
-class PinnedHostBuffer {
- public:
-  PinnedHostBuffer() = default;
-  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
-  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
-  PinnedHostBuffer(PinnedHostBuffer&& o) noexcept { *this = std::move(o); }
-  PinnedHostBuffer& operator=(PinnedHostBuffer&& o) noexcept {
-    Reset();
-    k_ = o.k_;
-    p_ = o.p_;
-    n_ = o.n_;
-    o.k_ = nullptr;
-    o.p_ = nullptr;
-    o.n_ = 0;
-    return *this;
-  }
-  ~PinnedHostBuffer() { Reset(); }
-
-  static Result<PinnedHostBuffer> Make(Kernels* k, size_t n) {
-    PinnedHostBuffer b;
-    b.k_ = k;
-    b.n_ = n;
-    if (n == 0) return b;
-    Result<void*> p = k->AllocHostPinned(n * sizeof(T));
-    if (!p.ok()) return p.status();
-    b.p_ = static_cast<T*>(p.value());
-    return b;
-  }
-  T* get() const { return p_; }
-  size_t size() const { return n_; }
-  T& operator[](size_t i) const { return p_[i]; }
-  void Reset() {
-    if (k_ != nullptr && p_ != nullptr) k_->FreeHostPinned(p_);
-    p_ = nullptr;
-    n_ = 0;
-  }
-
- private:
-  Kernels* k_ = nullptr;
-  T* p_ = nullptr;
-  size_t n_ = 0;
-};
+using DeviceBuffer = KernelsBuffer<T, MemorySpace::kDevice>;
+template <typename T>
+using PinnedHostBuffer = KernelsBuffer<T, MemorySpace::kPinnedHost>;
 
 }  // namespace ps
