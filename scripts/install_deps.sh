@@ -16,6 +16,7 @@ PACKAGES=(
   libxxhash-dev                     # key hashing for the shard map
   dataset-fashion-mnist             # the default job's data
   zlib1g-dev                        # gzip-compressed IDX files
+  clang-14 libclang-rt-14-dev       # libFuzzer + sanitizer runtimes (scripts/fuzz.sh)
   python3 procps
 )
 
