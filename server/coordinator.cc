@@ -245,6 +245,27 @@ class CoordinatorJob {
     return Status::Ok();
   }
 
+  // Workers' JSON is input from the network: every field the coordinator reads must have
+  // the type it reads it as, or nlohmann::json would throw.
+  static Status CheckReportFields(const json& j) {
+    for (const char* key : {"examples", "loss", "epoch", "epoch_fraction", "test_loss",
+                            "test_accuracy", "test_auc", "seconds", "steps", "wait_seconds",
+                            "compute_seconds", "batch_size", "worker"}) {
+      if (j.contains(key) && !j[key].is_number()) {
+        return InvalidArgument(std::string("report field '") + key + "' must be a number");
+      }
+    }
+    for (const char* key : {"kind", "device"}) {
+      if (j.contains(key) && !j[key].is_string()) {
+        return InvalidArgument(std::string("report field '") + key + "' must be a string");
+      }
+    }
+    if (j.contains("final") && !j["final"].is_boolean()) {
+      return InvalidArgument("report field 'final' must be true or false");
+    }
+    return Status::Ok();
+  }
+
   int WorkerIndex(const std::string& peer) const {
     for (size_t i = 0; i < workers_.size(); ++i) {
       if (workers_[i].peer == peer) return static_cast<int>(i);
@@ -287,6 +308,11 @@ class CoordinatorJob {
               continue;
             }
             report["worker"] = w;
+            Status fields = CheckReportFields(report);
+            if (!fields.ok()) {
+              ReplyError(in->peer, rid, fields);
+              continue;
+            }
             OnReport(report);
             capnp::MallocMessageBuilder b;
             NewHeader(b, rid, -1).getBody().setReportReply();
@@ -301,7 +327,11 @@ class CoordinatorJob {
             r.message = done.getMessage().cStr();
             r.done_request = rid;
             json totals = json::parse(done.getJson().cStr(), nullptr, false);
-            if (totals.is_object()) r.totals = totals;
+            if (totals.is_object() && CheckReportFields(totals).ok()) {
+              r.totals = totals;
+            } else {
+              LOG(WARNING) << "worker " << w << " sent malformed totals; they are left out";
+            }
             if (r.failed) {
               LOG(ERROR) << "worker " << w << " failed: " << r.message;
               // Its unfinished chunks go back to the queue for the others.

@@ -415,5 +415,34 @@ TEST_F(ClusterTest, WorkerBeyondTheJobsWorkerCountIsRefused) {
   EXPECT_EQ((*summary)["workers"][0].value("device", ""), "first");
 }
 
+// Workers' reports are network input: one with a field of the wrong type, or not JSON at
+// all, gets an error, and the coordinator goes on to end the job cleanly.
+TEST_F(ClusterTest, MalformedReportsAreRefusedAndTheJobGoesOn) {
+  const Deadline deadline = DeadlineIn(kTestTimeout);
+  std::string endpoint;
+  Result<ChildProcess> coordinator = StartCoordinator(kTinyJob, deadline, &endpoint);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
+  Result<ChildProcess> server = StartServer(0, endpoint);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  Transport transport;
+  RegisterRequest req;
+  req.device = "test";
+  Result<Registration> reg =
+      RegisterWithCoordinator(&transport, endpoint, req, TimeLeft(deadline));
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  for (const char* text : {R"({"kind":"train","examples":"many"})", R"({"kind":7})",
+                           R"({"kind":"eval","final":"yes"})", "not json", "[1,2]"}) {
+    capnp::MallocMessageBuilder b;
+    NewHeader(b, 5, 0).getBody().initReport().setJson(text);
+    Result<CallReply> reply = Call(*reg->coordinator, OneFrame(b), TimeLeft(deadline));
+    ASSERT_FALSE(reply.ok()) << "the coordinator accepted " << text;
+    EXPECT_EQ(reply.status().code(), StatusCode::kInvalidArgument) << reply.status().ToString();
+  }
+  Status finished = FinishOneWorkerJob(*reg->coordinator, 0, deadline);
+  ASSERT_TRUE(finished.ok()) << finished.ToString();
+  ExpectCleanExit(*coordinator, "ps_coordinator", deadline);
+  ExpectCleanExit(*server, "ps_server", deadline);
+}
+
 }  // namespace
 }  // namespace ps
