@@ -53,6 +53,15 @@ Result<std::vector<float>> ServerCore::ReadRow(uint32_t table, uint64_t key) {
   return std::vector<float>(row, row + t.width());
 }
 
+Status ServerCore::CheckClock(int64_t clock, const char* what) {
+  // Bounded so that clock arithmetic (lags, clock x workers) cannot overflow.
+  if (clock < 0 || clock > kMaxClock) {
+    return InvalidArgument(std::string(what) + " has clock " + std::to_string(clock) +
+                           ", outside [0, 2^40]");
+  }
+  return Status::Ok();
+}
+
 int64_t ServerCore::MinLiveClock(int* slowest) const {
   int64_t min = INT64_MAX;
   for (size_t w = 0; w < clocks_.size(); ++w) {
@@ -126,6 +135,12 @@ Result<Frames> ServerCore::HandlePush(wire::Header::Reader h, const Frames& requ
                              "' has a non-finite gradient (" + std::to_string(grads[i]) +
                              ") at float " + std::to_string(i) + "; nothing was applied");
     }
+    // A finite but huge gradient would overflow momentum or the weights to infinity.
+    if (std::fabs(grads[i]) > kMaxAbsGradient) {
+      return InvalidArgument("push to table '" + a.table->spec().name + "' has a gradient of " +
+                             std::to_string(grads[i]) + " at float " + std::to_string(i) +
+                             ", beyond the limit of +-1e18; nothing was applied");
+    }
   }
   const uint32_t table_id = push.getTableId();
   const uint64_t version = shard_version_[table_id];
@@ -136,7 +151,7 @@ Result<Frames> ServerCore::HandlePush(wire::Header::Reader h, const Frames& requ
                            std::to_string(version));
   }
   const int64_t clock = push.getClock();
-  if (clock < 0) return InvalidArgument("push has a negative clock " + std::to_string(clock));
+  PS_RETURN_IF_ERROR(CheckClock(clock, "push"));
   const uint64_t staleness = version - pulled;
 
   capnp::MallocMessageBuilder b;
@@ -213,13 +228,13 @@ Result<Frames> ServerCore::HandlePull(const std::string& peer, DecodedHeader& de
   const uint32_t table_id = pull.getTableId();
   const int worker = h.getSenderId();
   const int64_t clock = pull.getClock();
+  PS_RETURN_IF_ERROR(CheckClock(clock, "pull"));
   if (table_id < tables_.size() && table_staleness_[table_id] >= 0) {
     if (worker < 0 || worker >= config_.num_workers) {
       return InvalidArgument("pull from sender " + std::to_string(worker) +
                              ", which is not a worker of this job (ids 0.." +
                              std::to_string(config_.num_workers - 1) + ")");
     }
-    if (clock < 0) return InvalidArgument("pull has a negative clock " + std::to_string(clock));
     const int64_t needed = clock - table_staleness_[table_id];
     if (MinLiveClock() < needed) {
       // Check the request now, so that a bad one is refused at once rather than held.
@@ -287,8 +302,7 @@ Result<Frames> ServerCore::HandleClock(wire::Header::Reader h, std::vector<Outgo
   if (tick.getLeave()) {
     left_[w] = true;
   } else {
-    if (tick.getClock() < 0)
-      return InvalidArgument("negative clock " + std::to_string(tick.getClock()));
+    PS_RETURN_IF_ERROR(CheckClock(tick.getClock(), "clock tick"));
     if (left_[w]) {
       // Rejoining (after waiting for data): start at the slowest live clock, so that
       // nobody waits on clocks this worker skipped while it was out.

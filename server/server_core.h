@@ -67,6 +67,10 @@ class ServerCore {
  public:
   using Clock = std::chrono::steady_clock;
   static constexpr size_t kStalenessBuckets = 1024;
+  // Requests outside these bounds are refused: clocks past 2^40 steps are corrupt, and a
+  // gradient beyond 1e18 would overflow optimizer state or weights to infinity.
+  static constexpr int64_t kMaxClock = int64_t{1} << 40;
+  static constexpr float kMaxAbsGradient = 1e18f;
 
   static Result<std::unique_ptr<ServerCore>> Create(const JobConfig& config, int server_id);
 
@@ -123,6 +127,7 @@ class ServerCore {
                            std::chrono::microseconds held);
   Result<Frames> HandleClock(wire::Header::Reader h, std::vector<Outgoing>* out);
   Frames ShutdownReply(uint64_t request_id);
+  static Status CheckClock(int64_t clock, const char* what);
   // The slowest live worker's clock (INT64_MAX when none is live) and who it is.
   int64_t MinLiveClock(int* slowest = nullptr) const;
   void ReleaseHeldPulls(std::vector<Outgoing>* out);

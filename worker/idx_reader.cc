@@ -179,8 +179,16 @@ Result<ImageDataset> LoadIdxFiles(const std::string& images_path, const std::str
   ds.rows = static_cast<int>(rows);
   ds.cols = static_cast<int>(cols);
   {
-    std::vector<uint8_t> raw(num_pixels);
-    PS_RETURN_IF_ERROR(images.ReadExact(raw.data(), num_pixels, "pixel data"));
+    // Grown as the data arrives, so that a header claiming gigabytes over a truncated file
+    // costs at most one chunk more than the file holds (found by fuzz_idx).
+    constexpr uint64_t kChunk = uint64_t{16} << 20;
+    std::vector<uint8_t> raw;
+    while (raw.size() < num_pixels) {
+      const size_t done = raw.size();
+      const uint64_t n = std::min<uint64_t>(kChunk, num_pixels - done);
+      raw.resize(done + n);
+      PS_RETURN_IF_ERROR(images.ReadExact(raw.data() + done, n, "pixel data"));
+    }
     PS_RETURN_IF_ERROR(images.ExpectEnd());
     ds.pixels.resize(num_pixels);
     // A table of v / 255 rather than v * (1 / 255): 255 maps to exactly 1.0f.

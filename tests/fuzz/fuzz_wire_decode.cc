@@ -23,6 +23,17 @@
 namespace ps::fuzz {
 namespace {
 
+// Elements read of each list. The decode limits let a header of a few hundred bytes
+// declare about a million empty list elements (each counts one word of the traversal
+// limit); walking them all takes about a second here and starves the fuzzer, while every
+// element after the first few runs the same code.
+constexpr unsigned kMaxListElements = 4096;
+
+template <typename List>
+unsigned Walked(List list) {
+  return list.size() < kMaxListElements ? list.size() : kMaxListElements;
+}
+
 void WalkText(capnp::Text::Reader text) {
   // cStr() is what the consumers call; it relies on the NUL that the reader checked.
   Consume(std::string_view(text.cStr(), text.size()));
@@ -50,18 +61,21 @@ void WalkRegisterReply(wire::RegisterReply::Reader r) {
   Consume(r.getId());
   // What registration does with the config: a flag map, parsed by JobConfig.
   std::map<std::string, std::string> flags;
-  for (auto kv : r.getConfig()) {
+  auto config = r.getConfig();
+  for (unsigned i = 0; i < Walked(config); ++i) {
+    auto kv = config[i];
     WalkText(kv.getKey());
     WalkText(kv.getValue());
     flags[kv.getKey().cStr()] = kv.getValue().cStr();
   }
-  Result<JobConfig> config = JobConfig::FromFlagMap(flags);
-  Consume(config.ok() ? config->table_specs.size() : 0);
+  Result<JobConfig> parsed = JobConfig::FromFlagMap(flags);
+  Consume(parsed.ok() ? parsed->table_specs.size() : 0);
   auto map = r.getShardMap();
   Consume(map.getVersion());
-  for (auto s : map.getServers()) {
-    Consume(s.getId());
-    WalkText(s.getEndpoint());
+  auto servers = map.getServers();
+  for (unsigned i = 0; i < Walked(servers); ++i) {
+    Consume(servers[i].getId());
+    WalkText(servers[i].getEndpoint());
   }
 }
 
@@ -75,7 +89,8 @@ void WalkServerStats(wire::ServerStats::Reader s) {
   Consume(s.getPushesDropped());
   Consume(s.getPullsHeld());
   Consume(static_cast<uint64_t>(s.getMaxClockLag()));
-  for (uint64_t count : s.getStalenessHistogram()) Consume(count);
+  auto histogram = s.getStalenessHistogram();
+  for (unsigned i = 0; i < Walked(histogram); ++i) Consume(histogram[i]);
   Consume(s.getStalenessSum());
   Consume(s.getStalenessMax());
 }

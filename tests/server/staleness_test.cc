@@ -1,4 +1,6 @@
 // The staleness bound and gradient staleness on one ServerCore, message by message.
+#include <climits>
+
 #include <gtest/gtest.h>
 
 #include "server/server_core.h"
@@ -171,6 +173,26 @@ TEST(StalenessTest, StalenessAwareLearningRateDividesByStaleness) {
   EXPECT_DOUBLE_EQ(rates[2], 0.25);
   EXPECT_FLOAT_EQ(static_cast<float>(rates[3]), 0.5f / 3);
   EXPECT_FLOAT_EQ(core->ReadRow(0, 0).value()[0], -(0.5f + 0.5f + 0.25f + 0.5f / 3));
+}
+
+// Found by fuzz_server_core: clock arithmetic must not overflow, and a finite but huge
+// gradient must not drive momentum or the weights to infinity.
+TEST(StalenessTest, ClocksAndGradientsOutOfRangeAreRefused) {
+  auto core = MakeCore({{"optimizer", "nesterov"}, {"staleness", "-1"}});
+  std::vector<float> g(8, 1.0f);
+  auto out = Send(*core, "w0", VersionedPush(1, 0, 0, 4, g, 0, int64_t{1} << 62, 0));
+  EXPECT_EQ(ReplyStatus(out[0].frames).code(), StatusCode::kInvalidArgument);
+  out = Send(*core, "w0", RangePull(2, 0, 0, 4, 0, INT64_MIN));
+  EXPECT_EQ(ReplyStatus(out[0].frames).code(), StatusCode::kInvalidArgument);
+  out = Send(*core, "w0", ClockTick(3, 0, INT64_MAX));
+  EXPECT_EQ(ReplyStatus(out[0].frames).code(), StatusCode::kInvalidArgument);
+  std::vector<float> huge(8, -3e38f);
+  out = Send(*core, "w0", VersionedPush(4, 0, 0, 4, huge, 0, 0, 0));
+  Status s = ReplyStatus(out[0].frames);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("beyond the limit"), std::string::npos) << s.message();
+  for (uint64_t r = 0; r < 4; ++r) EXPECT_EQ(core->ReadRow(0, r).value()[0], 0.0f);
+  EXPECT_EQ(core->stats().pushes_applied, 0u);
 }
 
 }  // namespace

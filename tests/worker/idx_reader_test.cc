@@ -2,6 +2,8 @@
 // plus the real Fashion-MNIST files where the machine has them.
 #include "worker/idx_reader.h"
 
+#include <sys/resource.h>
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -275,6 +277,22 @@ TEST_F(IdxReaderTest, AbsurdHeaderSizesAreRejectedBeforeAllocating) {
   ds = LoadIdxFiles(img, lab);
   ASSERT_FALSE(ds.ok());
   EXPECT_NE(ds.status().message().find("pixels"), std::string::npos) << ds.status().message();
+}
+
+// Found by fuzz_idx: a 26-byte pair claiming 16 x 16384 x 16384 pixels (within every
+// limit) is a truncation error, found without first allocating the 4 GiB it claims.
+TEST_F(IdxReaderTest, AHugeClaimOverATinyFileIsATruncationError) {
+  const std::string lab = WriteGz("lab.gz", LabelsFile(16, std::vector<uint8_t>(16, 1)));
+  const std::string img = WriteGz("img.gz", ImagesFile(16, 16384, 16384, {1, 2}));
+  struct rusage before {};
+  getrusage(RUSAGE_SELF, &before);
+  Result<ImageDataset> ds = LoadIdxFiles(img, lab);
+  struct rusage after {};
+  getrusage(RUSAGE_SELF, &after);
+  ASSERT_FALSE(ds.ok());
+  EXPECT_EQ(ds.status().code(), StatusCode::kInvalidArgument) << ds.status().ToString();
+  // Peak RSS grew by far less than the claimed 4 GiB (ru_maxrss is in KiB).
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 256 * 1024);
 }
 
 TEST(IdxReaderRealDataTest, FashionMnistLoads) {
