@@ -24,9 +24,11 @@ namespace ps {
 // Limits applied to every decoded header. Headers are small (bulk data travels in its own
 // frames), so tight limits cost nothing and bound what a hostile peer can make us walk.
 struct DecodeLimits {
-  uint64_t traversal_limit_words = 1 << 20;  // 8 MB
+  // Headers hold no bulk data: 64k words (512 KB) is far above any real one, and bounds
+  // how many (empty) list elements a small hostile header can make a reader walk.
+  uint64_t traversal_limit_words = 1 << 16;
   int nesting_limit = 16;
-  size_t max_header_bytes = 8 << 20;
+  size_t max_header_bytes = 1 << 20;
 };
 
 // A decoded header frame. Owns an aligned copy of the bytes, so it outlives the frame.
