@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Plots one or more run directories (metrics.jsonl and summary.json) as PNGs.
 
     scripts/plot_run.py [--out DIR] [--title TEXT] RUN_DIR [RUN_DIR ...]
@@ -12,7 +12,7 @@ Writes into DIR (default: plots/ inside the first run directory):
 
 Several runs are overlaid; each is labelled with the job settings in which the runs
 differ (e.g. staleness=0), or with its directory name when they differ in none.
-Needs matplotlib (Debian: python3-matplotlib); nothing else.
+Needs matplotlib (Debian: python3-matplotlib, for /usr/bin/python3); nothing else.
 """
 import argparse
 import json
@@ -110,18 +110,33 @@ def plot_throughput(ax, run, color_by_worker=True):
 
 
 def plot_staleness(ax, runs):
+    """Bars per staleness value up to the runs' 99.5th percentile; the tail in one bar."""
+    hists = [r.staleness_histogram() for r in runs]
+
+    def percentile(hist, q):
+        total, seen = sum(hist), 0
+        for s, c in enumerate(hist):
+            seen += c
+            if total and seen >= q * total:
+                return s
+        return 0
+
+    cut = max([4] + [percentile(h, 0.995) for h in hists if sum(h)])
     width = 0.8 / max(len(runs), 1)
-    for i, r in enumerate(runs):
-        hist = r.staleness_histogram()
+    for i, (r, hist) in enumerate(zip(runs, hists)):
         total = sum(hist)
         if not total:
             continue
-        xs = [s + (i - (len(runs) - 1) / 2) * width for s in range(len(hist))]
+        shown = hist[: cut + 1] + [0] * (cut + 1 - len(hist[: cut + 1]))
+        shown.append(sum(hist[cut + 1:]))
+        xs = [s + (i - (len(runs) - 1) / 2) * width for s in range(len(shown))]
         mean = sum(s * c for s, c in enumerate(hist)) / total
-        ax.bar(xs, [c / total for c in hist], width=width, label=f"{r.label} (mean {mean:.2f})")
+        ax.bar(xs, [c / total for c in shown], width=width,
+               label=f"{r.label} (mean {mean:.2f}, max {len(hist) - 1})")
+    ax.set_xticks(range(cut + 2))
+    ax.set_xticklabels([str(s) for s in range(cut + 1)] + [f">{cut}"], fontsize=8)
     ax.set_xlabel("gradient staleness (shard versions behind)")
     ax.set_ylabel("fraction of pushes")
-    ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
 
@@ -182,7 +197,7 @@ def main():
         for i in range(len(ts)):
             while ts[i] - ts[j] > 5:
                 j += 1
-            if ts[i] > ts[j]:
+            if ts[i] - ts[j] >= 2:  # shorter spans say more about report timing than speed
                 xs.append(ts[i])
                 ys.append((ns[i] - ns[j]) / (ts[i] - ts[j]))
         ax.plot(xs, ys, label=r.label, lw=1)

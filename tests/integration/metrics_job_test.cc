@@ -81,7 +81,7 @@ int FreePortRange(int count) {
   return 0;
 }
 
-TEST(MetricsTest, EveryProcessServesMetricsAndTheyMove) {
+TEST(MetricsJobTest, EveryProcessServesMetricsAndTheyMove) {
   if (access(kTrainImages, R_OK) != 0) {
     GTEST_SKIP() << kTrainImages << " is not here (scripts/install_deps.sh installs it)";
   }
