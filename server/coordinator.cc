@@ -161,7 +161,7 @@ class CoordinatorJob {
       try {
         auto header = h->get();
         if (header.getBody().which() == wire::Header::Body::STATUS) {
-          PS_RETURN_IF_ERROR(ReplyStatus(in->peer, header.getRequestId()));
+          ReplyStatus(in->peer, header.getRequestId());
           continue;
         }
         if (header.getBody().which() != wire::Header::Body::REGISTER) {
@@ -306,7 +306,15 @@ class CoordinatorJob {
     for (const char* key : {"shards", "rows", "rows_spilled", "pushes", "pulls", "queue_depth"}) {
       if (j.contains(key) && !j[key].is_number()) return;
     }
-    if (j.contains("held") && !j["held"].is_array()) return;
+    if (j.contains("held")) {
+      if (!j["held"].is_array()) return;
+      for (const json& h : j["held"]) {
+        if (!h.is_object()) return;
+        for (const char* key : {"worker", "waits_on", "seconds"}) {
+          if (h.contains(key) && !h[key].is_number()) return;
+        }
+      }
+    }
     ServerLive& live = server_live_[static_cast<size_t>(s)];
     const double now = Elapsed();
     const uint64_t pushes = j.value("pushes", uint64_t{0});
@@ -398,10 +406,12 @@ class CoordinatorJob {
     return st;
   }
 
-  Status ReplyStatus(const std::string& peer, uint64_t rid) {
+  // Answers a status request. An asker that left (ps_status gave up) changes nothing.
+  void ReplyStatus(const std::string& peer, uint64_t rid) {
     capnp::MallocMessageBuilder b;
     NewHeader(b, rid, -1).getBody().initStatusReply().setJson(StatusJson().dump());
-    return Send(peer, b);
+    Status s = Send(peer, b);
+    if (!s.ok()) LOG(WARNING) << "coordinator: status reply: " << s.ToString();
   }
 
   int WorkerIndex(const std::string& peer) const {
@@ -432,7 +442,7 @@ class CoordinatorJob {
         auto header = h->get();
         uint64_t rid = header.getRequestId();
         if (header.getBody().which() == wire::Header::Body::STATUS) {
-          PS_RETURN_IF_ERROR(ReplyStatus(in->peer, rid));
+          ReplyStatus(in->peer, rid);
           continue;
         }
         if (w < 0 && header.getBody().which() == wire::Header::Body::REPORT) {
@@ -440,7 +450,9 @@ class CoordinatorJob {
             OnServerReport(srv, header.getBody().getReport().getJson().cStr());
             capnp::MallocMessageBuilder b;
             NewHeader(b, rid, -1).getBody().setReportReply();
-            PS_RETURN_IF_ERROR(Send(in->peer, b));
+            // The server may be gone by now; that is for its own failure to tell.
+            if (Status s = Send(in->peer, b); !s.ok())
+              LOG(WARNING) << "server " << srv << ": " << s.ToString();
             continue;
           }
         }

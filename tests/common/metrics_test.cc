@@ -55,8 +55,7 @@ TEST(MetricsTest, BadPortsAreErrors) {
   o.port = 9;
   auto unbindable = Metrics::Start(o);
   ASSERT_FALSE(unbindable.ok());
-  EXPECT_EQ(unbindable.status().code(), StatusCode::kUnavailable)
-      << unbindable.status().ToString();
+  EXPECT_EQ(unbindable.status().code(), StatusCode::kUnavailable) << unbindable.status().ToString();
 }
 
 }  // namespace

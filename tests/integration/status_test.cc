@@ -42,7 +42,7 @@ TEST(StatusTest, NoCoordinatorIsAnErrorNamingIt) {
   EXPECT_EQ(bad->exit_status, 2) << bad->output;
 }
 
-// Worker 1 is 4x slower under BSP: worker 0 spends most of its time blocked, and ps_status
+// Worker 1 is 8x slower under BSP: worker 0 spends most of its time blocked, and ps_status
 // names worker 1 as the one it waits on; the servers report their rows and pushes.
 TEST(StatusTest, StatusShowsWorkersWaitingOnTheStraggler) {
   if (access(kTrainImages, R_OK) != 0) {
@@ -56,7 +56,7 @@ TEST(StatusTest, StatusShowsWorkersWaitingOnTheStraggler) {
   const auto deadline = itest::DeadlineIn(std::chrono::seconds(90));
   auto job = itest::ChildProcess::Spawn(
       {"/bin/bash", itest::SourceDir() + "/scripts/launch_local.sh", "--no_build", "--run_dir",
-       run_dir, "--slow_worker", "1:4", "--", "--epochs=1", "--staleness=0"},
+       run_dir, "--slow_worker", "1:8", "--", "--epochs=1", "--staleness=0"},
       dir.Join("launch.log"), SIGTERM);
   ASSERT_TRUE(job.ok()) << job.status().ToString();
   Status ep_ready = itest::WaitForFile(run_dir + "/coordinator.endpoint", deadline, &*job);
