@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <thread>
+
 #include "tests/integration/job_test_util.h"
 
 namespace ps {
@@ -91,13 +93,33 @@ TEST(StatusTest, StatusShowsWorkersWaitingOnTheStraggler) {
   EXPECT_TRUE(last["failures"].is_array() && last["failures"].empty()) << last.dump(1);
   EXPECT_GT(last["workers"][0].value("wait_seconds", 0.0), 0.0) << last.dump(1);
 
+  // --watch keeps printing while the job runs, and ends (0) once the coordinator is gone.
+  auto watch = itest::ChildProcess::Spawn(
+      {itest::BinaryPath("ps_status"), "--coordinator=" + endpoint, "--watch", "--json",
+       "--interval_seconds=0.2", "--timeout_ms=1000"},
+      dir.Join("watch.log"));
+  ASSERT_TRUE(watch.ok()) << watch.status().ToString();
+
   // The table form names the worker waited on.
   auto table = RunStatus({"--coordinator=" + endpoint}, dir.Join("table.log"), deadline);
   ASSERT_TRUE(table.ok()) << table.status().ToString();
   EXPECT_EQ(table->exit_status, 0) << table->output;
   EXPECT_NE(table->output.find("worker 1"), std::string::npos) << table->output;
   EXPECT_NE(table->output.find("pushes/s"), std::string::npos) << table->output;
+  // Until the watch has shown the straggler too (bounded), then the job ends.
+  for (bool shown = false; !shown && itest::SteadyClock::now() < deadline;) {
+    auto so_far = itest::ReadFile(dir.Join("watch.log"));
+    shown = so_far.ok() && so_far->find("\"waits_on\":1") != std::string::npos;
+    if (!shown) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   job->Kill();
+  auto watched = watch->WaitExit(deadline);
+  ASSERT_TRUE(watched.ok()) << watched.status().ToString();
+  auto watch_output = itest::ReadFile(dir.Join("watch.log"));
+  ASSERT_TRUE(watch_output.ok());
+  EXPECT_EQ(*watched, 0) << *watch_output;
+  EXPECT_NE(watch_output->find("\"waits_on\":1"), std::string::npos) << *watch_output;
+  EXPECT_NE(watch_output->find("the job has ended"), std::string::npos) << *watch_output;
 }
 
 }  // namespace
