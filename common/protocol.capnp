@@ -82,6 +82,8 @@ struct Header {
     clockReply @19 :ClockReply;
     lease @20 :LeaseRequest;    # worker -> coordinator
     leaseReply @21 :LeaseReply;
+    status @22 :Void;           # anyone (ps_status) -> coordinator: how is the job doing?
+    statusReply @23 :Report;    # the job's live status, one JSON object (see ps_status)
   }
 }
 

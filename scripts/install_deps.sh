@@ -14,10 +14,14 @@ PACKAGES=(
   libopenblas-dev                   # CPU matrix products
   nlohmann-json3-dev                # metrics.jsonl / summary.json
   libxxhash-dev                     # key hashing for the shard map
+  prometheus-cpp-dev                # --metrics_port: Prometheus pull endpoint (common/metrics.h)
+  python3-matplotlib                # scripts/plot_run.py
   dataset-fashion-mnist             # the default job's data
   zlib1g-dev                        # gzip-compressed IDX files
   clang-14 libclang-rt-14-dev       # libFuzzer + sanitizer runtimes (scripts/fuzz.sh)
   python3 procps
+  openssh-server openssh-client     # tests/scripts: scripts/launch_ssh.sh against a local sshd
+  slurm-wlm munge                   # tests/scripts: scripts/slurm/ps_job.sbatch on a one-node Slurm
 )
 
 missing=()

@@ -2,12 +2,14 @@
 # Starts a whole job on this machine: 1 coordinator, N servers, M workers on 127.0.0.1.
 #
 #   scripts/launch_local.sh [FLAGFILE] [--servers N] [--workers N] [--run_dir DIR]
-#                           [--device DEV] [--slow_worker I:F] [--no_build]
-#                           [-- extra job flags]
+#                           [--device DEV] [--slow_worker I:F] [--metrics_port P]
+#                           [--no_build] [-- extra job flags]
 #
 # FLAGFILE defaults to configs/fashion_mnist_mlp.flags. Extra job flags after `--` go to
 # the coordinator, which hands them to every process (e.g. -- --epochs=1 --base_lr=0.05).
 # --slow_worker I:F makes worker I (0-based) F times slower, to watch a straggler.
+# --metrics_port P serves Prometheus metrics on 127.0.0.1: the coordinator on port P,
+# server i on P+1+i, worker i on P+1+SERVERS+i (default 0: off).
 # Installs missing packages and builds first unless --no_build. Progress goes to the
 # console; every process's log, metrics.jsonl and summary.json go to the run directory.
 # Returns the job's exit status; stops every process it started when one fails, on
@@ -21,6 +23,7 @@ workers=2
 run_dir=""
 device="cpu"
 slow_worker=""
+metrics_port=0
 build=1
 extra=()
 usage() { sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
@@ -31,6 +34,7 @@ while [ $# -gt 0 ]; do
     --run_dir) run_dir="$2"; shift 2 ;;
     --device) device="$2"; shift 2 ;;
     --slow_worker) slow_worker="$2"; shift 2 ;;
+    --metrics_port) metrics_port="$2"; shift 2 ;;
     --no_build) build=0; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
@@ -43,6 +47,11 @@ for v in servers workers; do
     echo "launch_local.sh: --$v must be a positive integer, got '${!v}'" >&2; exit 2
   fi
 done
+if ! [[ "$metrics_port" =~ ^[0-9]+$ ]] || [ "$metrics_port" -gt 65535 ]; then
+  echo "launch_local.sh: --metrics_port must be 0 (off) or a port, got '$metrics_port'" >&2; exit 2
+fi
+# The port of process number $1 (0 the coordinator, then servers, then workers); 0: off.
+metrics_port_of() { [ "$metrics_port" = 0 ] && echo 0 || echo $((metrics_port + $1)); }
 slow_index=-1
 slow_factor=1
 if [ -n "$slow_worker" ]; then
@@ -100,7 +109,7 @@ echo "run directory: $run_dir"
 : >"$run_dir/logs/coordinator.out"  # exists before tail looks for it
 "$bin/ps_coordinator" --flagfile="$flagfile" --num_servers="$servers" --num_workers="$workers" \
   --listen='tcp://127.0.0.1:*' --endpoint_file="$run_dir/coordinator.endpoint" \
-  --run_dir="$run_dir" "${extra[@]}" \
+  --run_dir="$run_dir" --metrics_port="$(metrics_port_of 0)" "${extra[@]}" \
   >>"$run_dir/logs/coordinator.out" 2>"$run_dir/logs/coordinator.log" &
 coord=$!
 pids+=("$coord"); names+=(coordinator)
@@ -123,6 +132,7 @@ endpoint="$(cat "$run_dir/coordinator.endpoint")"
 
 for ((i = 0; i < servers; i++)); do
   "$bin/ps_server" --coordinator="$endpoint" --listen='tcp://127.0.0.1:*' --id="$i" \
+    --metrics_port="$(metrics_port_of $((1 + i)))" \
     >"$run_dir/logs/server-$i.log" 2>&1 &
   pids+=($!); names+=("server-$i")
 done
@@ -130,6 +140,7 @@ for ((i = 0; i < workers; i++)); do
   slowdown=1
   [ "$i" = "$slow_index" ] && slowdown="$slow_factor"
   "$bin/ps_worker" --coordinator="$endpoint" --id="$i" --device="$device" --slowdown="$slowdown" \
+    --metrics_port="$(metrics_port_of $((1 + servers + i)))" \
     >"$run_dir/logs/worker-$i.log" 2>&1 &
   pids+=($!); names+=("worker-$i")
 done

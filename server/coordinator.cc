@@ -4,6 +4,7 @@
 #include <kj/exception.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -159,6 +160,10 @@ class CoordinatorJob {
       if (!h) continue;
       try {
         auto header = h->get();
+        if (header.getBody().which() == wire::Header::Body::STATUS) {
+          ReplyStatus(in->peer, header.getRequestId());
+          continue;
+        }
         if (header.getBody().which() != wire::Header::Body::REGISTER) {
           ReplyError(in->peer, header.getRequestId(),
                      FailedPrecondition("the job is still assembling: only registrations are "
@@ -238,6 +243,26 @@ class CoordinatorJob {
     for (uint32_t i = 0; i < workers_.size(); ++i) PS_RETURN_IF_ERROR(reply_to(workers_[i], i));
     results_.resize(workers_.size());
     rates_.assign(workers_.size(), 0.0);
+    worker_live_.resize(workers_.size());
+    server_live_.resize(servers_.size());
+    if (Metrics* m = options_.metrics; m != nullptr) {
+      m->AddGauge("ps_workers", "workers in the job").Set(static_cast<double>(workers_.size()));
+      m->AddGauge("ps_servers", "servers in the job").Set(static_cast<double>(servers_.size()));
+      metrics_examples_ = m->AddCounter("ps_examples_total", "training examples processed");
+      metrics_failures_ = m->AddCounter("ps_failures_total", "processes that failed");
+      metrics_epoch_ = m->AddGauge("ps_epoch", "the epoch worker 0 is in");
+      metrics_test_accuracy_ = m->AddGauge("ps_test_accuracy", "the last evaluation's accuracy");
+      metrics_test_loss_ = m->AddGauge("ps_test_loss", "the last evaluation's loss");
+      for (size_t i = 0; i < workers_.size(); ++i) {
+        const MetricLabels w = {{"worker", std::to_string(i)}};
+        metrics_workers_.push_back(
+            {m->AddGauge("ps_worker_clock", "a worker's clock", w),
+             m->AddGauge("ps_worker_clock_lag", "a worker's clock minus the slowest's", w),
+             m->AddGauge("ps_worker_examples_per_second", "a worker's throughput", w),
+             m->AddCounter("ps_worker_wait_seconds_total",
+                           "seconds a worker was blocked by the staleness bound", w)});
+      }
+    }
     train_start_ = Clock::now();
     std::printf("job assembled: %d servers, %d workers; training %d epochs\n", config_.num_servers,
                 config_.num_workers, config_.epochs);
@@ -248,9 +273,9 @@ class CoordinatorJob {
   // Workers' JSON is input from the network: every field the coordinator reads must have
   // the type it reads it as, or nlohmann::json would throw.
   static Status CheckReportFields(const json& j) {
-    for (const char* key : {"examples", "loss", "epoch", "epoch_fraction", "test_loss",
-                            "test_accuracy", "test_auc", "seconds", "steps", "wait_seconds",
-                            "compute_seconds", "batch_size", "worker"}) {
+    for (const char* key : {"examples", "loss", "accuracy", "examples_per_sec", "clock", "epoch",
+                            "epoch_fraction", "test_loss", "test_accuracy", "test_auc", "seconds",
+                            "steps", "wait_seconds", "compute_seconds", "batch_size", "worker"}) {
       if (j.contains(key) && !j[key].is_number()) {
         return InvalidArgument(std::string("report field '") + key + "' must be a number");
       }
@@ -264,6 +289,129 @@ class CoordinatorJob {
       return InvalidArgument("report field 'final' must be true or false");
     }
     return Status::Ok();
+  }
+
+  int ServerIndex(const std::string& peer) const {
+    for (size_t i = 0; i < servers_.size(); ++i) {
+      if (servers_[i].peer == peer) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  // A server's periodic status (server/server_node.h: ServerStatusJson). Kept for
+  // ps_status only; a malformed one is ignored (it changes nothing but the view).
+  void OnServerReport(int s, const char* text) {
+    json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) return;
+    for (const char* key : {"shards", "rows", "rows_spilled", "pushes", "pulls", "queue_depth"}) {
+      if (j.contains(key) && !j[key].is_number()) return;
+    }
+    if (j.contains("held")) {
+      if (!j["held"].is_array()) return;
+      for (const json& h : j["held"]) {
+        if (!h.is_object()) return;
+        for (const char* key : {"worker", "waits_on", "seconds"}) {
+          if (h.contains(key) && !h[key].is_number()) return;
+        }
+      }
+    }
+    ServerLive& live = server_live_[static_cast<size_t>(s)];
+    const double now = Elapsed();
+    const uint64_t pushes = j.value("pushes", uint64_t{0});
+    if (live.time > 0 && now > live.time && pushes >= live.pushes) {
+      live.pushes_per_sec = static_cast<double>(pushes - live.pushes) / (now - live.time);
+    }
+    live.pushes = pushes;
+    live.time = now;
+    live.report = std::move(j);
+  }
+
+  // The job as ps_status shows it: one JSON object (see server/status_main.cc).
+  json StatusJson() const {
+    json st;
+    st["phase"] = results_.empty() ? "registering" : "training";
+    st["elapsed_seconds"] = results_.empty() ? 0.0 : Elapsed();
+    st["epoch"] = epoch_;
+    st["epochs"] = config_.epochs;
+    st["epoch_fraction"] = epoch_fraction_;
+    st["staleness"] = config_.staleness;
+    st["examples"] = examples_total_;
+    st["registered_servers"] = servers_.size();
+    st["registered_workers"] = workers_.size();
+    // The slowest worker still in the clock table: the one SSP makes the others wait on.
+    int slowest = -1;
+    int64_t min_clock = INT64_MAX;
+    for (size_t i = 0; i < worker_live_.size(); ++i) {
+      const WorkerLive& l = worker_live_[i];
+      if (results_[i].done || !l.reported) continue;
+      if (l.clock < min_clock) {
+        min_clock = l.clock;
+        slowest = static_cast<int>(i);
+      }
+    }
+    json workers = json::array();
+    for (size_t i = 0; i < worker_live_.size(); ++i) {
+      const WorkerLive& l = worker_live_[i];
+      // Who this worker waits on: a server holding its pull says so; else, a worker that
+      // was blocked in its last report interval waits on the slowest one.
+      int waits_on = -1;
+      for (const ServerLive& s : server_live_) {
+        if (!s.report.contains("held")) continue;
+        for (const json& h : s.report["held"]) {
+          if (h.is_object() && h.value("worker", -1) == static_cast<int>(i)) {
+            waits_on = h.value("waits_on", -1);
+          }
+        }
+      }
+      const bool blocked =
+          l.interval_wait > 0.05 * std::max(l.interval_seconds, 1e-9) && l.interval_wait > 0.01;
+      if (waits_on < 0 && blocked && config_.staleness >= 0 && slowest != static_cast<int>(i)) {
+        waits_on = slowest;
+      }
+      if (results_[i].done) waits_on = -1;
+      workers.push_back(
+          {{"id", i},
+           {"device", workers_[i].device},
+           {"host", workers_[i].host},
+           {"state", results_[i].failed ? "failed"
+                     : results_[i].done ? "done"
+                                        : "training"},
+           {"epoch", l.epoch},
+           {"clock", l.clock},
+           {"clock_lag", slowest >= 0 && !results_[i].done ? l.clock - min_clock : 0},
+           {"examples", l.examples},
+           {"examples_per_sec", l.examples_per_sec},
+           {"wait_seconds", l.wait_seconds},
+           {"blocked_fraction", l.interval_seconds > 0 ? l.interval_wait / l.interval_seconds : 0},
+           {"waits_on", waits_on},
+           {"report_age_seconds", l.reported ? Elapsed() - l.time : -1.0}});
+    }
+    st["workers"] = workers;
+    json servers = json::array();
+    for (size_t s = 0; s < servers_.size(); ++s) {
+      json e = {{"id", s}, {"endpoint", servers_[s].endpoint}, {"host", servers_[s].host}};
+      if (s < server_live_.size() && server_live_[s].report.is_object()) {
+        const json& r = server_live_[s].report;
+        for (const char* key :
+             {"shards", "rows", "rows_spilled", "pushes", "pulls", "queue_depth"}) {
+          e[key] = r.value(key, uint64_t{0});
+        }
+        e["pushes_per_sec"] = server_live_[s].pushes_per_sec;
+        e["report_age_seconds"] = Elapsed() - server_live_[s].time;
+      }
+      servers.push_back(e);
+    }
+    st["servers"] = servers;
+    st["failures"] = failures_;
+    return st;
+  }
+
+  // Answers a status request. An asker that left (ps_status gave up) changes nothing.
+  void ReplyStatus(const std::string& peer, uint64_t rid) {
+    capnp::MallocMessageBuilder b;
+    NewHeader(b, rid, -1).getBody().initStatusReply().setJson(StatusJson().dump());
+    Status s = Send(peer, b);
+    if (!s.ok()) LOG(WARNING) << "coordinator: status reply: " << s.ToString();
   }
 
   int WorkerIndex(const std::string& peer) const {
@@ -293,6 +441,21 @@ class CoordinatorJob {
       try {
         auto header = h->get();
         uint64_t rid = header.getRequestId();
+        if (header.getBody().which() == wire::Header::Body::STATUS) {
+          ReplyStatus(in->peer, rid);
+          continue;
+        }
+        if (w < 0 && header.getBody().which() == wire::Header::Body::REPORT) {
+          if (int srv = ServerIndex(in->peer); srv >= 0) {
+            OnServerReport(srv, header.getBody().getReport().getJson().cStr());
+            capnp::MallocMessageBuilder b;
+            NewHeader(b, rid, -1).getBody().setReportReply();
+            // The server may be gone by now; that is for its own failure to tell.
+            if (Status s = Send(in->peer, b); !s.ok())
+              LOG(WARNING) << "server " << srv << ": " << s.ToString();
+            continue;
+          }
+        }
         if (w < 0) {
           ReplyError(in->peer, rid,
                      FailedPrecondition("the job is running and full; this peer "
@@ -334,6 +497,9 @@ class CoordinatorJob {
             }
             if (r.failed) {
               LOG(ERROR) << "worker " << w << " failed: " << r.message;
+              metrics_failures_.Increment();
+              failures_.push_back(
+                  {{"time", Elapsed()}, {"role", "worker"}, {"id", w}, {"message", r.message}});
               // Its unfinished chunks go back to the queue for the others.
               int returned = leases_.Release(w);
               if (returned > 0) {
@@ -466,15 +632,48 @@ class CoordinatorJob {
     std::string kind = report.value("kind", "");
     if (kind == "train") {
       uint64_t n = report.value("examples", uint64_t{0});
+      const int w = report.value("worker", -1);
+      if (w >= 0 && static_cast<size_t>(w) < worker_live_.size()) {
+        WorkerLive& l = worker_live_[static_cast<size_t>(w)];
+        l.reported = true;
+        l.time = Elapsed();
+        l.epoch = report.value("epoch", l.epoch);
+        if (report.contains("clock") && report["clock"].is_number()) {
+          l.clock = report["clock"].get<int64_t>();
+        }
+        l.examples += n;
+        l.examples_per_sec = report.value("examples_per_sec", 0.0);
+        l.interval_wait = report.value("wait_seconds", 0.0);
+        l.interval_seconds = l.examples_per_sec > 0 ? n / l.examples_per_sec : 0.0;
+        l.wait_seconds += l.interval_wait;
+        if (static_cast<size_t>(w) < metrics_workers_.size()) {
+          const WorkerMetricHandles& m = metrics_workers_[static_cast<size_t>(w)];
+          int64_t min_clock = l.clock;
+          for (size_t i = 0; i < worker_live_.size(); ++i) {
+            if (worker_live_[i].reported && !results_[i].done) {
+              min_clock = std::min(min_clock, worker_live_[i].clock);
+            }
+          }
+          m.clock.Set(static_cast<double>(l.clock));
+          m.clock_lag.Set(static_cast<double>(l.clock - min_clock));
+          m.examples_per_sec.Set(l.examples_per_sec);
+          m.wait_seconds.Increment(l.interval_wait);
+        }
+      }
+      metrics_examples_.Increment(static_cast<double>(n));
+      accuracy_sum_since_print_ += report.value("accuracy", 0.0) * static_cast<double>(n);
       examples_total_ += n;
       loss_sum_since_print_ += report.value("loss", 0.0) * static_cast<double>(n);
       loss_examples_since_print_ += n;
       if (report.value("worker", -1) == 0) {
+        metrics_epoch_.Set(report.value("epoch", epoch_));
         epoch_ = report.value("epoch", epoch_);
         epoch_fraction_ = report.value("epoch_fraction", epoch_fraction_);
       }
     } else if (kind == "eval") {
       last_eval_ = report;
+      metrics_test_accuracy_.Set(report.value("test_accuracy", 0.0));
+      metrics_test_loss_.Set(report.value("test_loss", 0.0));
       bool final_eval = report.value("final", false);
       int epoch = report.value("epoch", 0);
       double elapsed = Elapsed();
@@ -487,12 +686,20 @@ class CoordinatorJob {
           report.contains("test_auc")
               ? "  test_auc " + std::to_string(report.value("test_auc", 0.0)).substr(0, 6)
               : "";
+      const double train_acc =
+          loss_examples_since_print_ > 0
+              ? accuracy_sum_since_print_ / static_cast<double>(loss_examples_since_print_)
+              : 0.0;
       std::printf(
-          "epoch %d/%d  train_loss %.4f  test_loss %.4f  test_acc %.4f%s  %.0f ex/s  %.1fs%s\n",
-          epoch, config_.epochs, train_loss, report.value("test_loss", 0.0),
+          "epoch %d/%d  train_loss %.4f  train_acc %.4f  test_loss %.4f  test_acc %.4f%s  %.0f "
+          "ex/s  %.1fs%s\n",
+          epoch, config_.epochs, train_loss, train_acc, report.value("test_loss", 0.0),
           report.value("test_accuracy", 0.0), auc.c_str(), rate, elapsed,
-          final_eval ? "  (final)" : "");
+          final_eval
+              ? "  (final)"
+              : ("  ETA " + Eta(static_cast<double>(epoch) / config_.epochs, elapsed)).c_str());
       std::fflush(stdout);
+      accuracy_sum_since_print_ = 0;
       loss_sum_since_print_ = 0;
       loss_examples_since_print_ = 0;
       last_print_time_ = elapsed;
@@ -510,8 +717,15 @@ class CoordinatorJob {
     double loss = loss_examples_since_print_ > 0
                       ? loss_sum_since_print_ / static_cast<double>(loss_examples_since_print_)
                       : 0.0;
-    std::printf("  epoch %d/%d %3.0f%%  %.0f ex/s  train_loss %.4f  %.1fs\n", epoch_,
-                config_.epochs, 100.0 * epoch_fraction_, rate, loss, now);
+    const double acc =
+        loss_examples_since_print_ > 0
+            ? accuracy_sum_since_print_ / static_cast<double>(loss_examples_since_print_)
+            : 0.0;
+    const double done = (epoch_ - 1 + epoch_fraction_) / std::max(config_.epochs, 1);
+    std::printf(
+        "  epoch %d/%d %3.0f%%  %.0f ex/s  train_loss %.4f  train_acc %.4f  %.1fs  ETA %s\n",
+        epoch_, config_.epochs, 100.0 * epoch_fraction_, rate, loss, acc, now,
+        Eta(done, now).c_str());
     std::fflush(stdout);
     last_print_time_ = now;
     examples_at_last_print_ = examples_total_;
@@ -656,6 +870,21 @@ class CoordinatorJob {
     return Status::Ok();
   }
 
+  // The time left when `fraction` of the job took `elapsed` seconds, as 1h02m, 3m05s or 42s.
+  static std::string Eta(double fraction, double elapsed) {
+    if (!(fraction > 0.001) || fraction >= 1) return fraction >= 1 ? "0s" : "?";
+    const long left = std::lround(elapsed * (1 - fraction) / fraction);
+    char buf[32];
+    if (left >= 3600) {
+      std::snprintf(buf, sizeof buf, "%ldh%02ldm", left / 3600, left / 60 % 60);
+    } else if (left >= 60) {
+      std::snprintf(buf, sizeof buf, "%ldm%02lds", left / 60, left % 60);
+    } else {
+      std::snprintf(buf, sizeof buf, "%lds", left);
+    }
+    return buf;
+  }
+
   double Elapsed() const {
     return std::chrono::duration<double>(Clock::now() - train_start_).count();
   }
@@ -691,6 +920,38 @@ class CoordinatorJob {
   double epoch_fraction_ = 0;
   std::optional<json> final_eval_;
   json last_eval_;
+  double accuracy_sum_since_print_ = 0;
+
+  // Live status for ps_status: the latest of each worker's and server's reports.
+  struct WorkerLive {
+    bool reported = false;
+    double time = 0;  // Elapsed() at the last report
+    int epoch = 0;
+    int64_t clock = 0;
+    uint64_t examples = 0;
+    double examples_per_sec = 0;
+    double wait_seconds = 0;      // blocked by the staleness bound, in total
+    double interval_wait = 0;     // ... in the last report's interval
+    double interval_seconds = 0;  // that interval's length
+  };
+  struct ServerLive {
+    json report;  // the last ServerStatusJson
+    double time = 0;
+    uint64_t pushes = 0;
+    double pushes_per_sec = 0;
+  };
+  std::vector<WorkerLive> worker_live_;
+  std::vector<ServerLive> server_live_;
+  json failures_ = json::array();
+
+  // Prometheus metrics (no-ops without options_.metrics).
+  struct WorkerMetricHandles {
+    Gauge clock, clock_lag, examples_per_sec;
+    Counter wait_seconds;
+  };
+  std::vector<WorkerMetricHandles> metrics_workers_;
+  Counter metrics_examples_, metrics_failures_;
+  Gauge metrics_epoch_, metrics_test_accuracy_, metrics_test_loss_;
 };
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "common/job_config.h"
+#include "common/metrics.h"
 #include "common/status.h"
 #include "common/transport.h"
 
@@ -38,6 +39,8 @@ struct CoordinatorOptions {
   double progress_every_seconds = 5;
   // How often the loop looks at `stop` while idle.
   std::chrono::milliseconds poll_interval{200};
+  // Where the Prometheus metrics go (common/metrics.h); nullptr: none. Borrowed.
+  Metrics* metrics = nullptr;
 };
 
 // Runs a whole job. Returns OK when every worker finished and summary.json was written.

@@ -8,6 +8,7 @@
 #include <ctime>
 
 #include "common/job_config.h"
+#include "common/metrics.h"
 #include "server/coordinator.h"
 
 namespace {
@@ -65,6 +66,9 @@ DEFINE_string(run_dir, "", "run directory (default runs/<time>)");
 DEFINE_string(endpoint_file, "", "write the bound endpoint to this file once listening");
 DEFINE_int32(register_timeout_ms, 120000, "how long to wait for every process to register");
 DEFINE_double(progress_every_seconds, 5, "seconds between progress lines (0: per epoch only)");
+DEFINE_int32(metrics_port, 0,
+             "serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (0: off)");
+DEFINE_string(metrics_host, "127.0.0.1", "the address the metrics endpoint binds to");
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -108,6 +112,20 @@ int main(int argc, char** argv) {
   options.endpoint_file = FLAGS_endpoint_file;
   options.register_timeout = std::chrono::milliseconds(FLAGS_register_timeout_ms);
   options.progress_every_seconds = FLAGS_progress_every_seconds;
+  ps::MetricsOptions mopt;
+  mopt.host = FLAGS_metrics_host;
+  mopt.port = FLAGS_metrics_port;
+  mopt.const_labels = {{"role", "coordinator"}};
+  auto metrics = ps::Metrics::Start(mopt);
+  if (!metrics.ok()) {
+    LOG(ERROR) << "ps_coordinator: " << metrics.status().ToString();
+    return 2;
+  }
+  if ((*metrics)->port() > 0) {
+    LOG(INFO) << "metrics on http://" << FLAGS_metrics_host << ":" << (*metrics)->port()
+              << "/metrics";
+  }
+  options.metrics = metrics->get();
   ps::Transport transport;
   ps::Status s = ps::RunCoordinator(config.value(), options, &transport, g_stop);
   if (!s.ok()) {

@@ -44,6 +44,23 @@ ServerStats ServerCore::stats() const {
   return s;
 }
 
+std::vector<ServerCore::HeldPullInfo> ServerCore::HeldPulls(Clock::time_point now) const {
+  int slowest = -1;
+  MinLiveClock(&slowest);
+  std::vector<HeldPullInfo> out;
+  out.reserve(held_.size());
+  for (const HeldPull& p : held_) {
+    out.push_back({p.worker, slowest, std::chrono::duration<double>(now - p.since).count()});
+  }
+  return out;
+}
+
+size_t ServerCore::shards_held() const {
+  size_t n = 0;
+  for (const Table& t : tables_) n += t.rows_held() > 0 || !t.spec().dense() ? 1 : 0;
+  return n;
+}
+
 Result<std::vector<float>> ServerCore::ReadRow(uint32_t table, uint64_t key) {
   if (table >= tables_.size()) return NotFound("no table " + std::to_string(table));
   Table& t = tables_[table];

@@ -90,6 +90,16 @@ class ServerCore {
   Frames HandleOne(Frames& request, After* after = nullptr);
 
   ServerStats stats() const;
+  // A held pull as `ps_status` shows it: whose pull, the slowest live worker it waits on
+  // (-1 when none is live), and for how long so far.
+  struct HeldPullInfo {
+    int worker = -1;
+    int waits_on = -1;
+    double seconds = 0;
+  };
+  std::vector<HeldPullInfo> HeldPulls(Clock::time_point now) const;
+  // Tables of which this server holds at least one row (its shards).
+  size_t shards_held() const;
   int server_id() const { return server_id_; }
   size_t held_pulls() const { return held_.size(); }
   int64_t worker_clock(int worker) const { return clocks_.at(static_cast<size_t>(worker)); }

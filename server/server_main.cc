@@ -4,6 +4,7 @@
 
 #include <csignal>
 
+#include "common/metrics.h"
 #include "server/server_node.h"
 
 DEFINE_string(coordinator, "", "the coordinator's endpoint, e.g. tcp://127.0.0.1:7000 (required)");
@@ -12,6 +13,9 @@ DEFINE_int32(
     id, -1, "this process's id within its role, as a launcher numbers it (-1: registration order)");
 DEFINE_int32(register_timeout_ms, 120000, "how long to wait for the job to assemble");
 DEFINE_int32(io_threads, 1, "ZeroMQ I/O threads");
+DEFINE_int32(metrics_port, 0,
+             "serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (0: off)");
+DEFINE_string(metrics_host, "127.0.0.1", "the address the metrics endpoint binds to");
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -34,6 +38,21 @@ int main(int argc, char** argv) {
   options.listen = FLAGS_listen;
   options.register_timeout = std::chrono::milliseconds(FLAGS_register_timeout_ms);
   options.requested_id = FLAGS_id;
+  ps::MetricsOptions mopt;
+  mopt.host = FLAGS_metrics_host;
+  mopt.port = FLAGS_metrics_port;
+  mopt.const_labels = {{"role", "server"}};
+  if (FLAGS_id >= 0) mopt.const_labels["id"] = std::to_string(FLAGS_id);
+  auto metrics = ps::Metrics::Start(mopt);
+  if (!metrics.ok()) {
+    LOG(ERROR) << "ps_server: " << metrics.status().ToString();
+    return 2;
+  }
+  if ((*metrics)->port() > 0) {
+    LOG(INFO) << "metrics on http://" << FLAGS_metrics_host << ":" << (*metrics)->port()
+              << "/metrics";
+  }
+  options.metrics = metrics->get();
   ps::TransportOptions topt;
   topt.io_threads = FLAGS_io_threads;
   ps::Transport transport(topt);

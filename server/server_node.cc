@@ -2,14 +2,72 @@
 
 #include <glog/logging.h>
 
+#include <optional>
+
 #include "common/registration.h"
+#include "common/wire.h"
 
 namespace ps {
 
+nlohmann::json ServerStatusJson(const ServerCore& core, ServerCore::Clock::time_point now) {
+  const ServerStats st = core.stats();
+  nlohmann::json held = nlohmann::json::array();
+  for (const ServerCore::HeldPullInfo& h : core.HeldPulls(now)) {
+    held.push_back({{"worker", h.worker}, {"waits_on", h.waits_on}, {"seconds", h.seconds}});
+  }
+  return {{"kind", "server"},
+          {"server", core.server_id()},
+          {"shards", core.shards_held()},
+          {"rows", st.rows_held},
+          {"rows_spilled", 0},  // no spill tier yet
+          {"pushes", st.pushes_applied},
+          {"pushes_rejected", st.pushes_rejected},
+          {"pulls", st.pulls_served},
+          {"bytes_pushed", st.bytes_pushed},
+          {"bytes_pulled", st.bytes_pulled},
+          {"queue_depth", held.size()},
+          {"held", held}};
+}
+
+namespace {
+
+// Sends the server's status to the coordinator (a `report` it answers with reportReply,
+// which is drained here without waiting: the request loop must not block on it).
+void ReportToCoordinator(ClientSocket& coordinator, const ServerCore& core, uint64_t* request_id) {
+  for (;;) {
+    Result<std::optional<Frames>> reply = coordinator.TryRecv();
+    if (!reply.ok() || !reply->has_value()) break;
+  }
+  capnp::MallocMessageBuilder b;
+  NewHeader(b, ++*request_id, core.server_id())
+      .getBody()
+      .initReport()
+      .setJson(ServerStatusJson(core, ServerCore::Clock::now()).dump());
+  Frames f;
+  f.push_back(EncodeFrame(b));
+  Status s = coordinator.Send(std::move(f));
+  if (!s.ok()) LOG(WARNING) << "server " << core.server_id() << ": status report: " << s.ToString();
+}
+
+}  // namespace
+
 Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::atomic<bool>& stop,
-                          std::chrono::milliseconds poll_interval) {
+                          std::chrono::milliseconds poll_interval, ClientSocket* coordinator,
+                          std::chrono::milliseconds report_interval, ServerMetrics* metrics) {
   std::vector<Outgoing> out;
+  uint64_t report_id = 0;
+  auto next_report = ServerCore::Clock::now();
+  auto next_metrics = next_report;
   while (!stop.load(std::memory_order_relaxed)) {
+    if (metrics != nullptr && ServerCore::Clock::now() >= next_metrics) {
+      metrics->Update(core);
+      next_metrics = ServerCore::Clock::now() + std::chrono::milliseconds(250);
+    }
+    if (coordinator != nullptr && report_interval.count() > 0 &&
+        ServerCore::Clock::now() >= next_report) {
+      ReportToCoordinator(*coordinator, core, &report_id);
+      next_report = ServerCore::Clock::now() + report_interval;
+    }
     Result<Incoming> in = socket.Recv(poll_interval);
     ServerCore::After after = ServerCore::After::kContinue;
     out.clear();
@@ -46,7 +104,10 @@ Status RunServer(const ServerOptions& options, Transport* transport,
                                                                 options.register_timeout));
   LOG(INFO) << "registered as server " << reg.id << " of " << reg.config.num_servers;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerCore> core, ServerCore::Create(reg.config, reg.id));
-  Status s = ServeUntilShutdown(*socket, *core, stop, options.poll_interval);
+  std::optional<ServerMetrics> metrics;
+  if (options.metrics != nullptr) metrics.emplace(options.metrics);
+  Status s = ServeUntilShutdown(*socket, *core, stop, options.poll_interval, reg.coordinator.get(),
+                                options.report_interval, metrics ? &*metrics : nullptr);
   ServerStats st = core->stats();
   LOG(INFO) << "server " << reg.id << " done: pushes applied " << st.pushes_applied << ", rejected "
             << st.pushes_rejected << ", pulls " << st.pulls_served << ", rows held "

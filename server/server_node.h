@@ -8,11 +8,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "common/status.h"
 #include "common/transport.h"
 #include "server/server_core.h"
+#include "server/server_metrics.h"
 
 namespace ps {
 
@@ -27,12 +29,29 @@ struct ServerOptions {
   int requested_id = -1;
   // How often the loop looks at `stop` while idle.
   std::chrono::milliseconds poll_interval{200};
+  // How often the server tells the coordinator its counters, held pulls and rows (for
+  // ps_status); 0: never.
+  std::chrono::milliseconds report_interval{1000};
+  // Where the Prometheus metrics go (common/metrics.h); nullptr: none. Borrowed.
+  Metrics* metrics = nullptr;
 };
 
 // Answers requests on `socket` with `core` until a shutdown request has been answered or
-// *stop becomes true. Returns the first transport error.
-Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::atomic<bool>& stop,
-                          std::chrono::milliseconds poll_interval = std::chrono::milliseconds(200));
+// *stop becomes true. Returns the first transport error. With a `coordinator` socket, a
+// status report (ServerStatusJson) goes to it every `report_interval`; its replies are
+// drained without waiting, and a failed report is only logged. With `metrics`, they are
+// brought up to date every quarter second.
+Status ServeUntilShutdown(
+    ServerSocket& socket, ServerCore& core, const std::atomic<bool>& stop,
+    std::chrono::milliseconds poll_interval = std::chrono::milliseconds(200),
+    ClientSocket* coordinator = nullptr,
+    std::chrono::milliseconds report_interval = std::chrono::milliseconds(1000),
+    ServerMetrics* metrics = nullptr);
+
+// A server's live status as it reports it to the coordinator: kind "server", server,
+// shards, rows, rows_spilled, pushes, pulls, bytes, held pulls (queue_depth) and who each
+// held pull waits on (held: [{worker, waits_on, seconds}]).
+nlohmann::json ServerStatusJson(const ServerCore& core, ServerCore::Clock::time_point now);
 
 // The whole life of a server process.
 Status RunServer(const ServerOptions& options, Transport* transport, const std::atomic<bool>& stop);

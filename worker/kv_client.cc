@@ -20,6 +20,8 @@ struct KVClient::Request {
   Callback callback;
   std::span<float> out;  // pulls only
   RequestInfo info;
+  int kind = -1;  // 0 push, 1 pull (for on_request_done); -1 other
+  SteadyClock::time_point start;
 };
 
 struct KVClient::Part {
@@ -172,6 +174,8 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
   auto request = std::make_shared<Request>();
   request->callback = std::move(done);
   request->out = out;
+  request->kind = push ? 0 : 1;
+  request->start = SteadyClock::now();
   std::vector<std::shared_ptr<Part>> parts;
   std::vector<uint64_t> request_ids;  // parallel to parts
   std::vector<Outgoing> outgoing;
@@ -333,6 +337,9 @@ Ticket KVClient::SendClock(bool leave, bool rejoin, Callback done) {
 void KVClient::Complete(Ticket ticket, const Status& status) {
   Callback callback;
   Status final_status;
+  int kind = -1;
+  bool ok = false;
+  SteadyClock::time_point start;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = requests_.find(ticket);
@@ -341,11 +348,18 @@ void KVClient::Complete(Ticket ticket, const Status& status) {
     if (!status.ok() && r.status.ok()) r.status = status;
     if (--r.remaining > 0) return;
     r.done = true;
+    kind = r.kind;
+    ok = r.status.ok();
+    start = r.start;
     if (r.callback) {
       callback = std::move(r.callback);
       final_status = r.status;
       requests_.erase(it);
     }
+  }
+  if (kind >= 0 && options_.on_request_done) {
+    options_.on_request_done(kind == 0,
+                             std::chrono::duration<double>(SteadyClock::now() - start).count(), ok);
   }
   if (callback) {
     callback(final_status);

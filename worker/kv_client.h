@@ -56,6 +56,10 @@ struct KVClientOptions {
   int32_t client_id = 0;
   // A request not answered within this time completes with DeadlineExceeded.
   std::chrono::milliseconds request_timeout{60000};
+  // When set, called as each push or pull completes (from the client's I/O thread): whether
+  // it was a push, the seconds from the call to its last reply (a pull held by the staleness
+  // bound included), and whether it succeeded. For metrics: must be fast and thread-safe.
+  std::function<void(bool push, double seconds, bool ok)> on_request_done;
 };
 
 struct KVClientStats {

@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <thread>
 
 #include "common/registration.h"
 #include "common/shard_map.h"
 #include "common/wire.h"
+#include "worker/worker_metrics.h"
 
 namespace ps {
 namespace {
@@ -27,7 +29,15 @@ class CoordinatorSink final : public ProgressSink {
  public:
   CoordinatorSink(ClientSocket* coordinator, int worker_id)
       : coordinator_(coordinator), worker_id_(worker_id) {}
+  // With `metrics`, each train line also updates them (with `client`'s counters).
+  void SetMetrics(WorkerMetrics* metrics, const KVClient* client) {
+    metrics_ = metrics;
+    client_ = client;
+  }
   Status Report(const json& line) override {
+    if (metrics_ != nullptr && line.value("kind", "") == "train") {
+      metrics_->OnReport(line, client_->stats());
+    }
     capnp::MallocMessageBuilder b;
     NewHeader(b, ++request_id_, worker_id_).getBody().initReport().setJson(line.dump());
     Frames f;
@@ -39,6 +49,8 @@ class CoordinatorSink final : public ProgressSink {
   ClientSocket* coordinator_;
   int worker_id_;
   uint64_t request_id_ = 0;
+  WorkerMetrics* metrics_ = nullptr;
+  const KVClient* client_ = nullptr;
 };
 
 // Tells the coordinator this worker is done and waits until every worker is (the barrier
@@ -370,9 +382,17 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
   KVClientOptions copt;
   copt.client_id = reg.id;
   copt.request_timeout = options.request_timeout;
+  std::optional<WorkerMetrics> metrics;
+  if (options.metrics != nullptr) {
+    metrics.emplace(options.metrics);
+    copt.on_request_done = [m = &*metrics](bool push, double seconds, bool ok) {
+      m->OnRequestDone(push, seconds, ok);
+    };
+  }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<KVClient> client,
                       KVClient::Create(transport, config, reg.server_endpoints, copt));
   CoordinatorSink sink(reg.coordinator.get(), reg.id);
+  if (metrics) sink.SetMetrics(&*metrics, client.get());
   CoordinatorChunkSource chunks(reg.coordinator.get());
   TrainingLoop loop(config, reg.id, client.get(), model.get(), &sink, &chunks,
                     kernels->DeviceName(), options.slowdown, options.batch_size);

@@ -25,6 +25,7 @@
 
 #include "common/job_config.h"
 #include "common/lease_table.h"
+#include "common/metrics.h"
 #include "common/status.h"
 #include "common/transport.h"
 #include "kernels/kernels.h"
@@ -50,6 +51,8 @@ struct WorkerOptions {
   // This worker's batch size; 0 takes the job's (or, with --batch_size=auto, the
   // coordinator's throughput-following one).
   int batch_size = 0;
+  // Where the Prometheus metrics go (common/metrics.h); nullptr: none. Borrowed.
+  Metrics* metrics = nullptr;
 };
 
 // The whole life of a worker process.

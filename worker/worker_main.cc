@@ -4,6 +4,7 @@
 
 #include <csignal>
 
+#include "common/metrics.h"
 #include "kernels/kernels.h"
 #include "worker/trainer.h"
 
@@ -20,6 +21,10 @@ DEFINE_double(slowdown, 1,
 DEFINE_int32(
     batch_size, 0,
     "this worker's batch size (0: the job's, or the coordinator's with --batch_size=auto)");
+
+DEFINE_int32(metrics_port, 0,
+             "serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (0: off)");
+DEFINE_string(metrics_host, "127.0.0.1", "the address the metrics endpoint binds to");
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -46,6 +51,21 @@ int main(int argc, char** argv) {
   options.request_timeout = std::chrono::milliseconds(FLAGS_request_timeout_ms);
   options.slowdown = FLAGS_slowdown;
   options.batch_size = FLAGS_batch_size;
+  ps::MetricsOptions mopt;
+  mopt.host = FLAGS_metrics_host;
+  mopt.port = FLAGS_metrics_port;
+  mopt.const_labels = {{"role", "worker"}};
+  if (FLAGS_id >= 0) mopt.const_labels["id"] = std::to_string(FLAGS_id);
+  auto metrics = ps::Metrics::Start(mopt);
+  if (!metrics.ok()) {
+    LOG(ERROR) << "ps_worker: " << metrics.status().ToString();
+    return 2;
+  }
+  if ((*metrics)->port() > 0) {
+    LOG(INFO) << "metrics on http://" << FLAGS_metrics_host << ":" << (*metrics)->port()
+              << "/metrics";
+  }
+  options.metrics = metrics->get();
   ps::Transport transport;
   ps::Status s = ps::RunWorker(options, &transport, g_stop);
   if (!s.ok()) {
