@@ -28,6 +28,7 @@
 #include "common/status.h"
 #include "common/transport.h"
 #include "kernels/kernels.h"
+#include "worker/group_comm.h"
 #include "worker/kv_client.h"
 #include "worker/model.h"
 
@@ -50,6 +51,9 @@ struct WorkerOptions {
   // This worker's batch size; 0 takes the job's (or, with --batch_size=auto, the
   // coordinator's throughput-following one).
   int batch_size = 0;
+  // An all-reduce group to join by name (workers of one name on one host form a group);
+  // empty follows the job's --group_size.
+  std::string group;
 };
 
 // The whole life of a worker process.
@@ -117,8 +121,23 @@ class TrainingLoop {
   Result<nlohmann::json> Evaluate(int epoch, bool final_eval);
   // examples, steps, seconds, wait_seconds, device.
   nlohmann::json Totals() const;
+  // Makes this loop the leader of an all-reduce group (worker/group_trainer.h): each step
+  // then covers group->size() batches, one per member, and pushes their sum. Borrowed;
+  // null: train alone.
+  void SetGroup(GroupComm* group) { group_ = group; }
+  // Counted into Totals (a member that trained in a group before training alone).
+  void AddPriorTotals(int64_t examples, int64_t steps) {
+    examples_ += examples;
+    steps_ += steps;
+  }
 
  private:
+  // A group step (group_trainer.cc): the members' batches with this one's, summed.
+  Status GroupStep(std::span<const int64_t> examples, uint64_t begin, int epoch, double fraction);
+  // Leaves the group after a failure; the step's examples are then trained alone.
+  void DissolveGroup(const Status& why);
+  // Leader: a control word to the members (kGroupIdle, kGroupFinished).
+  void SignalGroup(int64_t command);
   Status PushAndTick();
   Status WaitInFlight();
   Status TrainChunk(const LeaseTable::Lease& lease, const std::atomic<bool>& stop);
@@ -139,6 +158,7 @@ class TrainingLoop {
   int order_epoch_ = 0;
   double compute_seconds_ = 0;     // forward/backward (and --slowdown), for the throughput
   std::vector<Ticket> in_flight_;  // this step's pushes and clock tick
+  GroupComm* group_ = nullptr;     // leading an all-reduce group; null: training alone
 
   // Totals and the current report interval.
   std::chrono::steady_clock::time_point start_, last_report_;

@@ -21,6 +21,10 @@ DEFINE_int32(
     batch_size, 0,
     "this worker's batch size (0: the job's, or the coordinator's with --batch_size=auto)");
 
+DEFINE_string(group, "",
+              "join the all-reduce group of this name (workers on one host, one kind of "
+              "device); empty: the job's --group_size");
+
 namespace {
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop.store(true); }
@@ -46,6 +50,7 @@ int main(int argc, char** argv) {
   options.request_timeout = std::chrono::milliseconds(FLAGS_request_timeout_ms);
   options.slowdown = FLAGS_slowdown;
   options.batch_size = FLAGS_batch_size;
+  options.group = FLAGS_group;
   ps::Transport transport;
   ps::Status s = ps::RunWorker(options, &transport, g_stop);
   if (!s.ok()) {
