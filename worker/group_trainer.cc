@@ -89,6 +89,7 @@ Result<GroupMemberResult> RunGroupMember(const JobConfig& config, KVClient* clie
   std::vector<int64_t> order;
   int order_epoch = 0;
   bool idle = false;
+  int64_t pending_examples = 0;  // of the last step, until the leader's next word
   auto dissolve = [&](const Status& why) {
     LOG(WARNING) << "group member " << group->rank() << ": the all-reduce group breaks ("
                  << why.ToString() << "); training alone from here";
@@ -106,6 +107,11 @@ Result<GroupMemberResult> RunGroupMember(const JobConfig& config, KVClient* clie
       return dissolve(s);
     }
     if (words.empty()) return dissolve(Internal("an empty control message from the leader"));
+    // The leader moved on: the last step's sum was whole and pushed, so its examples count
+    // as trained here (a step the group broke in is trained again by the leader).
+    result.examples += pending_examples;
+    result.steps += pending_examples > 0 ? 1 : 0;
+    pending_examples = 0;
     idle = false;
     if (words[0] == kGroupFinished) return result;
     if (words[0] == kGroupIdle) {
@@ -133,8 +139,7 @@ Result<GroupMemberResult> RunGroupMember(const JobConfig& config, KVClient* clie
     }
     s = group->ReduceSum(model->DenseGrads());
     if (!s.ok()) return dissolve(s);
-    result.examples += static_cast<int64_t>(mine.size());
-    ++result.steps;
+    pending_examples = static_cast<int64_t>(mine.size());
   }
 }
 

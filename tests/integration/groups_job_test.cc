@@ -1,7 +1,13 @@
-// All-reduce groups in a whole job (scripts/launch_local.sh): 4 workers in groups of 2
-// push about half the bytes of 4 ungrouped workers and reach the same accuracy.
+// All-reduce groups in whole jobs: 4 workers in groups of 2 push about half the bytes of 4
+// ungrouped workers and reach the same accuracy (scripts/launch_local.sh); a member stopped
+// mid-training past the group timeout breaks the group, and both workers finish the job on
+// their own with every example trained once (real processes).
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <fstream>
+#include <thread>
 
 #include "tests/integration/job_test_util.h"
 
@@ -51,6 +57,68 @@ TEST(GroupsJobTest, GroupsOfTwoPushHalfTheBytesAtTheSameAccuracy) {
   const double acc_grouped = grouped.value("test_accuracy", 0.0);
   EXPECT_GE(acc_grouped, 0.80) << grouped.dump();
   EXPECT_NEAR(acc_grouped, acc_alone, 0.03);
+}
+
+// Waits until the file at `path` holds `needle` (a log line of another process). Logs
+// grow by lines, so this looks every 50 ms until the deadline.
+bool WaitForText(const std::string& path, const std::string& needle, itest::Deadline deadline) {
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(path);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (text.find(needle) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+class GroupFailureTest : public itest::JobTest {};
+
+// Worker 1 (the member) is stopped (SIGSTOP) mid-training for longer than
+// --group_timeout_seconds: the leader's sum times out, nothing of that step is pushed, the
+// leader dissolves the group and trains on alone. Resumed, the member hears that the group
+// is gone, rejoins the clock table and leases data on its own. The job completes: every
+// example once, both workers done, nothing hung.
+TEST_F(GroupFailureTest, AStalledMemberBreaksTheGroupAndBothFinishAlone) {
+  if (access(kTrainImages, R_OK) != 0) GTEST_SKIP() << kTrainImages << " is not here";
+  const auto deadline = itest::DeadlineIn(std::chrono::seconds(200));
+  std::string endpoint;
+  auto coordinator = StartCoordinator(
+      {"--flagfile=" + itest::SourceDir() + "/configs/fashion_mnist_mlp.flags", "--epochs=1",
+       "--num_servers=1", "--num_workers=2", "--group_size=2", "--group_timeout_seconds=2"},
+      deadline, &endpoint);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
+  auto server = StartServer(0, endpoint);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  std::vector<itest::ChildProcess> workers;
+  for (int i = 0; i < 2; ++i) {
+    auto w = itest::ChildProcess::Spawn(
+        {itest::BinaryPath("ps_worker"), "--coordinator=" + endpoint, "--id=" + std::to_string(i)},
+        dir_.Join("worker-" + std::to_string(i) + ".log"));
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    workers.push_back(std::move(w).value());
+  }
+  // Training in the group: the leader's first progress report.
+  ASSERT_TRUE(WaitForText(RunDir() + "/metrics.jsonl", "\"kind\":\"train\"", deadline));
+  ASSERT_EQ(kill(workers[1].pid(), SIGSTOP), 0);
+  const bool broke =
+      WaitForText(dir_.Join("worker-0.log"), "the all-reduce group breaks", deadline);
+  ASSERT_EQ(kill(workers[1].pid(), SIGCONT), 0);
+  ASSERT_TRUE(broke) << "the leader never noticed the stalled member";
+  ExpectCleanExit(workers[0], "worker 0", deadline);
+  ExpectCleanExit(workers[1], "worker 1", deadline);
+  ExpectCleanExit(*coordinator, "coordinator", deadline);
+  ExpectCleanExit(*server, "server", deadline);
+  EXPECT_TRUE(WaitForText(dir_.Join("worker-1.log"), "training alone from here", deadline));
+  auto summary = ReadSummary();
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  EXPECT_EQ((*summary)["examples_per_epoch"], json::array({60000})) << summary->dump();
+  uint64_t examples = 0;
+  for (const json& w : (*summary)["workers"]) {
+    EXPECT_GT(w.value("examples", uint64_t{0}), 0u) << w.dump();
+    examples += w.value("examples", uint64_t{0});
+  }
+  EXPECT_EQ(examples, 60000u) << "a step the group broke in is trained once, by the leader";
+  EXPECT_GE(summary->value("test_accuracy", 0.0), 0.75) << summary->dump();
 }
 
 }  // namespace
