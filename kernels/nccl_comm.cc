@@ -1,15 +1,73 @@
-// The NCCL communicator (see nccl_comm.h). Compiled only where CUDA and libnccl are found.
+// The NCCL communicator (see nccl_comm.h). Compiled where CUDA and nccl.h are found.
+//
+// libnccl is opened at first use (dlopen), not linked: it is 200+ MB, many GPU machines
+// and every CPU-only one lack it, and a link-time dependency would keep ps_worker from
+// starting there at all, groups or not. Without it the calls fail with a clear error.
 #include "kernels/nccl_comm.h"
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 
 namespace ps {
 namespace {
+
+// The NCCL entry points this file uses, from the loaded library.
+struct NcclApi {
+  decltype(&::ncclGetUniqueId) GetUniqueId = nullptr;
+  decltype(&::ncclCommInitRankConfig) CommInitRankConfig = nullptr;
+  decltype(&::ncclCommGetAsyncError) CommGetAsyncError = nullptr;
+  decltype(&::ncclCommAbort) CommAbort = nullptr;
+  decltype(&::ncclCommDestroy) CommDestroy = nullptr;
+  decltype(&::ncclReduce) Reduce = nullptr;
+  decltype(&::ncclBroadcast) Broadcast = nullptr;
+  decltype(&::ncclAllReduce) AllReduce = nullptr;
+  decltype(&::ncclGetErrorString) GetErrorString = nullptr;
+};
+
+// Loads libnccl once; null (with *error set) when it is not there.
+const NcclApi* Nccl(std::string* error = nullptr) {
+  static NcclApi api;
+  static std::string load_error;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* h = nullptr;
+    for (const char* name : {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2"}) {
+      h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+      if (h != nullptr) break;
+    }
+    if (h == nullptr) {
+      load_error = std::string("libnccl.so.2 is not installed here: ") + dlerror();
+      return;
+    }
+    bool ok = true;
+    auto sym = [&](auto* fn, const char* name) {
+      *fn = reinterpret_cast<std::remove_pointer_t<decltype(fn)>>(dlsym(h, name));
+      ok &= *fn != nullptr;
+    };
+    sym(&api.GetUniqueId, "ncclGetUniqueId");
+    sym(&api.CommInitRankConfig, "ncclCommInitRankConfig");
+    sym(&api.CommGetAsyncError, "ncclCommGetAsyncError");
+    sym(&api.CommAbort, "ncclCommAbort");
+    sym(&api.CommDestroy, "ncclCommDestroy");
+    sym(&api.Reduce, "ncclReduce");
+    sym(&api.Broadcast, "ncclBroadcast");
+    sym(&api.AllReduce, "ncclAllReduce");
+    sym(&api.GetErrorString, "ncclGetErrorString");
+    if (!ok) load_error = "libnccl.so.2 lacks an entry point this build needs (NCCL < 2.14?)";
+  });
+  if (!load_error.empty()) {
+    if (error != nullptr) *error = load_error;
+    return nullptr;
+  }
+  return &api;
+}
 
 using SteadyClock = std::chrono::steady_clock;
 
@@ -18,7 +76,7 @@ Status CudaError(cudaError_t e, const char* what) {
 }
 
 Status NcclError(ncclResult_t r, const char* what) {
-  return Internal(std::string(what) + ": " + ncclGetErrorString(r));
+  return Internal(std::string(what) + ": " + Nccl()->GetErrorString(r));
 }
 
 #define PS_CUDA_RETURN(expr)                            \
@@ -43,7 +101,7 @@ class NcclCommImpl final : public NcclComm {
       if (aborted_) {
         // Already torn down by ncclCommAbort.
       } else {
-        ncclCommDestroy(comm_);
+        Nccl()->CommDestroy(comm_);
       }
     }
     if (buf_ != nullptr) cudaFree(buf_);
@@ -67,13 +125,13 @@ class NcclCommImpl final : public NcclComm {
     // Non-blocking init, so that a rank that never comes does not hang this one forever.
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    PS_NCCL_RETURN(ncclCommInitRankConfig(&comm_, size, id, rank_, &config));
+    PS_NCCL_RETURN(Nccl()->CommInitRankConfig(&comm_, size, id, rank_, &config));
     return WaitComm(timeout, "joining the NCCL communicator");
   }
 
   Status ReduceSumHost(float* data, size_t n, std::chrono::milliseconds timeout) override {
     PS_RETURN_IF_ERROR(Stage(data, n));
-    PS_NCCL_RETURN(ncclReduce(buf_, buf_, n, ncclFloat32, ncclSum, 0, comm_, stream_));
+    PS_NCCL_RETURN(Nccl()->Reduce(buf_, buf_, n, ncclFloat32, ncclSum, 0, comm_, stream_));
     PS_RETURN_IF_ERROR(Finish(timeout, "ncclReduce"));
     if (rank_ == 0) return CopyBack(data, n);
     return Status::Ok();
@@ -81,14 +139,14 @@ class NcclCommImpl final : public NcclComm {
 
   Status BroadcastHost(float* data, size_t n, std::chrono::milliseconds timeout) override {
     PS_RETURN_IF_ERROR(Stage(data, n));
-    PS_NCCL_RETURN(ncclBroadcast(buf_, buf_, n, ncclFloat32, 0, comm_, stream_));
+    PS_NCCL_RETURN(Nccl()->Broadcast(buf_, buf_, n, ncclFloat32, 0, comm_, stream_));
     PS_RETURN_IF_ERROR(Finish(timeout, "ncclBroadcast"));
     return CopyBack(data, n);
   }
 
   Status AllReduceSumHost(float* data, size_t n, std::chrono::milliseconds timeout) override {
     PS_RETURN_IF_ERROR(Stage(data, n));
-    PS_NCCL_RETURN(ncclAllReduce(buf_, buf_, n, ncclFloat32, ncclSum, comm_, stream_));
+    PS_NCCL_RETURN(Nccl()->AllReduce(buf_, buf_, n, ncclFloat32, ncclSum, comm_, stream_));
     PS_RETURN_IF_ERROR(Finish(timeout, "ncclAllReduce"));
     return CopyBack(data, n);
   }
@@ -126,7 +184,7 @@ class NcclCommImpl final : public NcclComm {
       // A non-blocking communicator may still be enqueueing (ncclInProgress): only once it
       // reports success does the stream tell whether the collective ran.
       ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
+      Nccl()->CommGetAsyncError(comm_, &async);
       if (async != ncclSuccess && async != ncclInProgress) {
         Abort();
         return NcclError(async, what);
@@ -150,7 +208,7 @@ class NcclCommImpl final : public NcclComm {
     const auto deadline = SteadyClock::now() + timeout;
     while (true) {
       ncclResult_t state = ncclInProgress;
-      ncclCommGetAsyncError(comm_, &state);
+      Nccl()->CommGetAsyncError(comm_, &state);
       if (state == ncclSuccess) return Status::Ok();
       if (state != ncclInProgress) {
         Abort();
@@ -166,7 +224,7 @@ class NcclCommImpl final : public NcclComm {
   }
 
   void Abort() {
-    if (comm_ != nullptr && !aborted_) ncclCommAbort(comm_);
+    if (comm_ != nullptr && !aborted_) Nccl()->CommAbort(comm_);
     aborted_ = true;
   }
 
@@ -181,11 +239,13 @@ class NcclCommImpl final : public NcclComm {
 
 }  // namespace
 
-bool NcclBuiltIn() { return true; }
+bool NcclBuiltIn() { return Nccl() != nullptr; }
 
 Result<std::vector<char>> NcclNewUniqueId() {
+  std::string error;
+  if (Nccl(&error) == nullptr) return FailedPrecondition(error);
   ncclUniqueId id;
-  ncclResult_t r = ncclGetUniqueId(&id);
+  ncclResult_t r = Nccl()->GetUniqueId(&id);
   if (r != ncclSuccess) return NcclError(r, "ncclGetUniqueId");
   static_assert(sizeof(id) == kNcclUniqueIdBytes);
   std::vector<char> out(sizeof(id));
@@ -200,6 +260,8 @@ Result<std::unique_ptr<NcclComm>> NcclComm::Create(std::span<const char> unique_
     return InvalidArgument("NCCL rank " + std::to_string(rank) + " of size " +
                            std::to_string(size) + ": expected 0 <= rank < size");
   }
+  std::string error;
+  if (Nccl(&error) == nullptr) return FailedPrecondition(error);
   auto comm = std::make_unique<NcclCommImpl>(device, rank);
   PS_RETURN_IF_ERROR(comm->Init(unique_id, size, timeout));
   return std::unique_ptr<NcclComm>(std::move(comm));

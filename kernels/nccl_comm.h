@@ -8,7 +8,8 @@
 // the communicator (ncclCommAbort, as NCCL's documentation prescribes) and returns
 // DeadlineExceeded. An aborted communicator fails every later call.
 //
-// In a build without CUDA or without libnccl every function returns FailedPrecondition.
+// In a build without CUDA or nccl.h, or where libnccl.so.2 cannot be loaded (it is opened
+// at first use, not linked), every function returns FailedPrecondition.
 //
 // Thread model: a NcclComm is used by one thread at a time.
 #pragma once
@@ -26,7 +27,7 @@ namespace ps {
 // The size of an NCCL unique id (NCCL_UNIQUE_ID_BYTES).
 constexpr size_t kNcclUniqueIdBytes = 128;
 
-// Whether this build has NCCL.
+// Whether this build has NCCL and libnccl.so.2 loads here.
 bool NcclBuiltIn();
 
 // A fresh unique id. Its bootstrap root runs in this process, which must outlive the
