@@ -19,6 +19,18 @@ void ZeroGrads(TrainableModel* model) {
   for (std::span<float> g : model->DenseGrads()) std::fill(g.begin(), g.end(), 0.0f);
 }
 
+// The gradients plus one small tensor of the batch's {loss sum, correct, examples}, so
+// that the leader's progress reports speak for the whole group. (Counts stay exact in a
+// float up to 2^24 per step.)
+std::vector<std::span<float>> GradsAndStats(TrainableModel* model, const BatchResult& br,
+                                            std::vector<float>* stats) {
+  *stats = {static_cast<float>(br.loss_sum), static_cast<float>(br.correct),
+            static_cast<float>(br.examples)};
+  std::vector<std::span<float>> tensors = model->DenseGrads();
+  tensors.push_back(*stats);
+  return tensors;
+}
+
 }  // namespace
 
 std::pair<uint64_t, uint64_t> MemberSlice(uint64_t count, int rank, int size) {
@@ -42,6 +54,7 @@ Status TrainingLoop::GroupStep(std::span<const int64_t> examples, uint64_t begin
   Status s = group_->BroadcastControl(&words);
   RequestInfo info;
   BatchResult br;
+  std::vector<float> stats;
   auto [first, last] = MemberSlice(examples.size(), 0, size);
   std::span<const int64_t> mine = examples.subspan(first, last - first);
   if (s.ok()) {
@@ -53,7 +66,7 @@ Status TrainingLoop::GroupStep(std::span<const int64_t> examples, uint64_t begin
     const float scale = static_cast<float>(mine.size()) / static_cast<float>(config_.batch_size);
     PS_RETURN_IF_ERROR(model_->Compute(mine, scale, &br));
     compute_seconds_ += SecondsSince(compute_start);
-    s = group_->ReduceSum(model_->DenseGrads());
+    s = group_->ReduceSum(GradsAndStats(model_, br, &stats));
   }
   if (!s.ok()) {
     DissolveGroup(s);
@@ -70,9 +83,10 @@ Status TrainingLoop::GroupStep(std::span<const int64_t> examples, uint64_t begin
   wait_seconds_ += info.held_seconds;
   interval_wait_ += info.held_seconds;
   interval_lag_ = std::max(interval_lag_, info.clock_lag);
-  interval_.loss_sum += br.loss_sum;
-  interval_.correct += br.correct;
-  interval_.examples += br.examples;
+  // The group's loss and accuracy (summed with the gradients): members send no reports.
+  interval_.loss_sum += stats[0];
+  interval_.correct += static_cast<int64_t>(stats[1]);
+  interval_.examples += static_cast<int64_t>(stats[2]);
   return ReportTraining(epoch, fraction, false);
 }
 
@@ -131,13 +145,14 @@ Result<GroupMemberResult> RunGroupMember(const JobConfig& config, KVClient* clie
     std::span<const int64_t> mine(order.data() + words[2] + first, last - first);
     s = group->Broadcast(model->DenseParams());
     if (!s.ok()) return dissolve(s);
-    if (mine.empty()) {
-      ZeroGrads(model);
-    } else {
+    if (mine.empty()) ZeroGrads(model);
+    BatchResult br;
+    if (!mine.empty()) {
       const float scale = static_cast<float>(mine.size()) / static_cast<float>(config.batch_size);
-      PS_RETURN_IF_ERROR(model->Compute(mine, scale, &result.batches));
+      PS_RETURN_IF_ERROR(model->Compute(mine, scale, &br));
     }
-    s = group->ReduceSum(model->DenseGrads());
+    std::vector<float> stats;
+    s = group->ReduceSum(GradsAndStats(model, br, &stats));
     if (!s.ok()) return dissolve(s);
     pending_examples = static_cast<int64_t>(mine.size());
   }

@@ -6,10 +6,11 @@
 // every process computes the same epoch order). A step: the leader broadcasts the step
 // (control words), pulls the parameters and broadcasts them, every member computes its
 // batch's gradient, the leader sums them in rank order and pushes the SUM, then ticks its
-// clock. Sum, not mean: every push is a batch's mean gradient (times n / batch_size), so
-// the sum of G of them moves the model as G ungrouped pushes would, and --base_lr and the
-// schedule keep their meaning (the schedule's iteration, clock x num_workers, still counts
-// batches: each group clock is G of them).
+// clock. The batches' loss and accuracy travel with the gradients, so the leader's
+// progress reports cover the group (members send none). Sum, not mean: every push is a batch's mean
+// gradient (times n / batch_size), so the sum of G of them moves the model as G ungrouped pushes
+// would, and --base_lr and the schedule keep their meaning (the schedule's iteration, clock x
+// num_workers, still counts batches: each group clock is G of them).
 //
 // Failure: any group call that fails (a member not heard from within
 // --group_timeout_seconds, a dead peer, a malformed message) dissolves the group. Nothing
@@ -50,7 +51,6 @@ struct GroupMemberResult {
   bool dissolved = false;  // the group broke: train alone from here
   int64_t examples = 0;
   int64_t steps = 0;
-  BatchResult batches;
 };
 
 // A member's (rank > 0) life in the group: leaves the clock table, then follows the
