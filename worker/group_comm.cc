@@ -1,6 +1,7 @@
 #include "worker/group_comm.h"
 
 #include <glog/logging.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -94,6 +95,15 @@ class CpuGroupComm final : public GroupComm {
  public:
   explicit CpuGroupComm(const GroupCommOptions& options)
       : GroupComm(options.rank, options.size), options_(options) {}
+
+  ~CpuGroupComm() override {
+    server_.reset();
+    // ZeroMQ leaves the socket file of an ipc endpoint behind; a group's path is used once.
+    const std::string scheme = "ipc://";
+    if (leader() && options_.leader_endpoint.rfind(scheme, 0) == 0) {
+      unlink(options_.leader_endpoint.c_str() + scheme.size());
+    }
+  }
 
   std::string backend() const override { return "cpu"; }
 
