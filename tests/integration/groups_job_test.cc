@@ -9,6 +9,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/transport.h"
 #include "tests/integration/job_test_util.h"
 
 namespace ps {
@@ -119,6 +120,40 @@ TEST_F(GroupFailureTest, AStalledMemberBreaksTheGroupAndBothFinishAlone) {
   }
   EXPECT_EQ(examples, 60000u) << "a step the group broke in is trained once, by the leader";
   EXPECT_GE(summary->value("test_accuracy", 0.0), 0.75) << summary->dump();
+}
+
+// A group holds one kind of device: a CPU and a GPU worker put in one group are refused at
+// registration, both told why, and the job does not start.
+TEST_F(GroupFailureTest, AGroupMixingDevicesIsRefused) {
+  const auto deadline = itest::DeadlineIn(std::chrono::seconds(60));
+  std::string endpoint;
+  auto coordinator = StartCoordinator({"--num_servers=1", "--num_workers=2", "--group_size=2"},
+                                      deadline, &endpoint);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
+  auto server = StartServer(0, endpoint);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  Transport transport;
+  std::vector<Status> outcomes(2);
+  std::vector<std::thread> workers;
+  const char* devices[] = {"cpu: 1 threads", "NVIDIA H200 (cuda:0)"};
+  for (int i = 0; i < 2; ++i) {
+    workers.emplace_back([&, i] {
+      RegisterRequest req;
+      req.device = devices[i];
+      req.requested_id = i;
+      outcomes[i] =
+          RegisterWithCoordinator(&transport, endpoint, req, itest::TimeLeft(deadline)).status();
+    });
+  }
+  for (auto& t : workers) t.join();
+  for (const Status& s : outcomes) {
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find("mixes devices"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("NVIDIA H200 (cuda:0)"), std::string::npos) << s.ToString();
+  }
+  Result<int> rc = coordinator->WaitExit(deadline);
+  ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+  EXPECT_NE(*rc, 0) << "the job must not start";
 }
 
 }  // namespace
