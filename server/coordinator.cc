@@ -30,7 +30,8 @@ struct Member {
   uint32_t pid = 0;
   uint64_t register_request = 0;
   int requested_id = -1;
-  std::string group;  // workers: --group=NAME
+  std::string group;         // workers: --group=NAME
+  std::string group_formed;  // workers: the all-reduce group they are in ("" for none)
 };
 
 // "cpu: 2 threads" -> "cpu", "NVIDIA H200 (cuda:0)" -> "cuda": what a group may not mix.
@@ -282,6 +283,7 @@ class CoordinatorJob {
     for (size_t g = 0; g < groups.size(); ++g) {
       for (size_t r = 0; r < groups[g].ids.size(); ++r) {
         group_of[groups[g].ids[r]] = {static_cast<int>(g), static_cast<int>(r)};
+        workers_[groups[g].ids[r]].group_formed = groups[g].name;
       }
     }
     std::map<std::string, std::string> flags = config_.ToFlagMap();
@@ -675,7 +677,8 @@ class CoordinatorJob {
                          {"compute_seconds", t.value("compute_seconds", 0.0)},
                          {"batch_size", t.value("batch_size", 0)},
                          {"examples_per_sec", secs > 0 ? n / secs : 0.0},
-                         {"failed", i < results_.size() && results_[i].failed}});
+                         {"failed", i < results_.size() && results_[i].failed},
+                         {"group", workers_[i].group_formed}});
     }
     summary["examples"] = examples;
     summary["examples_per_epoch"] = leases_.examples_per_epoch();

@@ -232,7 +232,7 @@ Result<json> TrainingLoop::Evaluate(int epoch, bool final_eval) {
 
 json TrainingLoop::Totals() const {
   return {{"examples", examples_},         {"steps", steps_},
-          {"clock", client_->clock()},     {"seconds", seconds_},
+          {"clock", client_->clock()},     {"seconds", prior_seconds_ + seconds_},
           {"wait_seconds", wait_seconds_}, {"compute_seconds", compute_seconds_},
           {"batch_size", batch_},          {"device", device_}};
 }
@@ -432,9 +432,10 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
   if (group != nullptr && group->leader()) {
     loop.SetGroup(group.get());
   } else if (group != nullptr) {
+    const auto member_start = SteadyClock::now();
     PS_ASSIGN_OR_RETURN(GroupMemberResult member,
                         RunGroupMember(config, client.get(), model.get(), group.get(), stop));
-    loop.AddPriorTotals(member.examples, member.steps);
+    loop.AddPriorTotals(member.examples, member.steps, SecondsSince(member_start));
     alone = member.dissolved;
     if (alone) PS_RETURN_IF_ERROR(client->Wait(client->Rejoin()));
   }

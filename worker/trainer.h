@@ -126,9 +126,10 @@ class TrainingLoop {
   // null: train alone.
   void SetGroup(GroupComm* group) { group_ = group; }
   // Counted into Totals (a member that trained in a group before training alone).
-  void AddPriorTotals(int64_t examples, int64_t steps) {
+  void AddPriorTotals(int64_t examples, int64_t steps, double seconds) {
     examples_ += examples;
     steps_ += steps;
+    prior_seconds_ += seconds;
   }
 
  private:
@@ -165,6 +166,7 @@ class TrainingLoop {
   int64_t examples_ = 0;
   int64_t steps_ = 0;
   double seconds_ = 0;
+  double prior_seconds_ = 0;  // in a group, before training alone
   double wait_seconds_ = 0;
   BatchResult interval_;
   double interval_wait_ = 0;
