@@ -79,7 +79,9 @@ Status TrainingLoop::GroupStep(std::span<const int64_t> examples, uint64_t begin
   }
   PS_RETURN_IF_ERROR(PushAndTick());
   ++steps_;
-  examples_ += static_cast<int64_t>(mine.size());
+  // The leader counts the whole step: only it knows which steps were pushed, so the job's
+  // totals stay exact whenever the group breaks (members count theirs only in their log).
+  examples_ += static_cast<int64_t>(examples.size());
   wait_seconds_ += info.held_seconds;
   interval_wait_ += info.held_seconds;
   interval_lag_ = std::max(interval_lag_, info.clock_lag);
@@ -103,10 +105,10 @@ Result<GroupMemberResult> RunGroupMember(const JobConfig& config, KVClient* clie
   std::vector<int64_t> order;
   int order_epoch = 0;
   bool idle = false;
-  int64_t pending_examples = 0;  // of the last step, until the leader's next word
   auto dissolve = [&](const Status& why) {
     LOG(WARNING) << "group member " << group->rank() << ": the all-reduce group breaks ("
-                 << why.ToString() << "); training alone from here";
+                 << why.ToString() << ") after " << result.steps << " steps, " << result.examples
+                 << " examples; training alone from here";
     result.dissolved = true;
     return result;
   };
@@ -121,11 +123,6 @@ Result<GroupMemberResult> RunGroupMember(const JobConfig& config, KVClient* clie
       return dissolve(s);
     }
     if (words.empty()) return dissolve(Internal("an empty control message from the leader"));
-    // The leader moved on: the last step's sum was whole and pushed, so its examples count
-    // as trained here (a step the group broke in is trained again by the leader).
-    result.examples += pending_examples;
-    result.steps += pending_examples > 0 ? 1 : 0;
-    pending_examples = 0;
     idle = false;
     if (words[0] == kGroupFinished) return result;
     if (words[0] == kGroupIdle) {
@@ -154,7 +151,8 @@ Result<GroupMemberResult> RunGroupMember(const JobConfig& config, KVClient* clie
     std::vector<float> stats;
     s = group->ReduceSum(GradsAndStats(model, br, &stats));
     if (!s.ok()) return dissolve(s);
-    pending_examples = static_cast<int64_t>(mine.size());
+    result.examples += static_cast<int64_t>(mine.size());
+    ++result.steps;
   }
 }
 

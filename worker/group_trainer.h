@@ -49,6 +49,8 @@ std::pair<uint64_t, uint64_t> MemberSlice(uint64_t count, int rank, int size);
 
 struct GroupMemberResult {
   bool dissolved = false;  // the group broke: train alone from here
+  // This member's share of the group's steps (for its log: the leader counts every step
+  // it pushed, so the job's totals are exact even when a step is redone after a failure).
   int64_t examples = 0;
   int64_t steps = 0;
 };

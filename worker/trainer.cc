@@ -435,7 +435,9 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
     const auto member_start = SteadyClock::now();
     PS_ASSIGN_OR_RETURN(GroupMemberResult member,
                         RunGroupMember(config, client.get(), model.get(), group.get(), stop));
-    loop.AddPriorTotals(member.examples, member.steps, SecondsSince(member_start));
+    LOG(INFO) << "worker " << reg.id << ": trained " << member.examples << " examples in "
+              << member.steps << " steps of its group (the leader counts them)";
+    loop.AddPriorTotals(0, 0, SecondsSince(member_start));
     alone = member.dissolved;
     if (alone) PS_RETURN_IF_ERROR(client->Wait(client->Rejoin()));
   }
