@@ -147,6 +147,8 @@ const std::vector<Field>& Fields() {
             },
             [](const JobConfig& c) { return std::string(c.hash_features ? "true" : "false"); }},
       DoubleField("report_every_seconds", &JobConfig::report_every_seconds, 0, 3600, true),
+      IntField("group_size", &JobConfig::group_size, 1, 1 << 16),
+      DoubleField("group_timeout_seconds", &JobConfig::group_timeout_seconds, 0, 1e7, true),
   };
   return fields;
 }
@@ -324,6 +326,11 @@ Status JobConfig::Validate() const {
                     "--lr_policy=multistep");
   }
   PS_RETURN_IF_ERROR(TableStalenessMap().status());
+  if (group_size > 1 && model != "mlp") {
+    return BadValue("group_size", std::to_string(group_size),
+                    "1 unless --model=mlp (groups all-reduce dense gradients; --model=" + model +
+                        " pulls different rows on every worker)");
+  }
   if (max_grad_staleness >= 0 && staleness != -1) {
     return BadValue("max_grad_staleness", std::to_string(max_grad_staleness),
                     "-1 unless --staleness=-1 (the drop rule is for asynchronous training)");

@@ -109,6 +109,17 @@ struct JobConfig {
   // Seconds between a worker's training reports to the coordinator (metrics.jsonl lines).
   double report_every_seconds = 1.0;
 
+  // ---- all-reduce groups (worker/group_comm.h) ----
+  // Workers per all-reduce group, formed by worker id (ids kG..kG+G-1; the last group may be
+  // smaller): members sum their gradients at the group's leader, which alone pushes, pulls
+  // and ticks the clock. 1: no groups (a worker's --group=NAME still groups it). Dense models
+  // only (mlp); the members of a group must share one host and one kind of device.
+  int group_size = 1;
+  // How long a group member waits for another before the group dissolves (no partial sum is
+  // ever pushed; the survivors train on their own). Must exceed the longest step, including
+  // a pull the staleness bound holds.
+  double group_timeout_seconds = 60;
+
   // Tables, filled by FromFlagMap from `model` and `tables`; ids are their indices.
   std::vector<TableSpec> table_specs;
 

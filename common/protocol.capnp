@@ -130,12 +130,23 @@ struct Register {
   host @3 :Text;
   pid @4 :UInt32;
   requestedId @5 :Int32 = -1;   # the id a launcher gave this process; -1: arrival order
+  group @6 :Text;        # workers: an all-reduce group to join by name (empty: --group_size)
 }
 
 struct RegisterReply {
   id @0 :UInt32;                  # this process's id within its role
   config @1 :List(KeyValue);      # the job config, flag name -> value
   shardMap @2 :ShardMap;
+  group @3 :GroupAssignment;      # workers: the all-reduce group (size 0 or 1: none)
+}
+
+# A worker's place in an all-reduce group (worker/group_comm.h), formed by the coordinator.
+struct GroupAssignment {
+  name @0 :Text;
+  rank @1 :UInt32;                # 0 is the leader (the lowest worker id of the group)
+  size @2 :UInt32;
+  leaderEndpoint @3 :Text;        # where the leader's group socket listens (ipc://)
+  memberIds @4 :List(UInt32);     # worker ids by rank
 }
 
 struct Push {

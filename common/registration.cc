@@ -25,6 +25,7 @@ Result<Registration> RegisterWithCoordinator(Transport* transport,
   reg.setHost(host);
   reg.setPid(static_cast<uint32_t>(getpid()));
   reg.setRequestedId(request.requested_id);
+  reg.setGroup(request.group);
   Frames frames;
   frames.push_back(EncodeFrame(b));
   Result<CallReply> reply = Call(*socket, std::move(frames), timeout);
@@ -53,6 +54,18 @@ Result<Registration> RegisterWithCoordinator(Transport* transport,
     out.shard_map_version = r.getShardMap().getVersion();
     for (auto s : r.getShardMap().getServers())
       out.server_endpoints.push_back(s.getEndpoint().cStr());
+    if (r.hasGroup()) {
+      auto g = r.getGroup();
+      out.group.name = g.getName().cStr();
+      out.group.rank = static_cast<int>(g.getRank());
+      out.group.size = static_cast<int>(g.getSize());
+      out.group.leader_endpoint = g.getLeaderEndpoint().cStr();
+      for (uint32_t id : g.getMemberIds()) out.group.member_ids.push_back(static_cast<int>(id));
+      if (out.group.size > 1 && (out.group.rank >= out.group.size ||
+                                 static_cast<int>(out.group.member_ids.size()) != out.group.size)) {
+        return InvalidArgument("the coordinator sent an inconsistent group assignment");
+      }
+    }
   } catch (const kj::Exception& e) {
     return InvalidArgument(std::string("malformed registration reply: ") +
                            e.getDescription().cStr());

@@ -21,6 +21,18 @@ struct RegisterRequest {
   // The id a launcher gave this process (so that worker-3.log is worker 3); -1 lets the
   // coordinator assign ids in registration order. A taken or out-of-range id is ignored.
   int requested_id = -1;
+  // Workers: the all-reduce group to join by name (workers of one name form one group, on
+  // one host); empty follows the job's --group_size.
+  std::string group;
+};
+
+// A worker's place in an all-reduce group (worker/group_comm.h); size <= 1: no group.
+struct GroupInfo {
+  std::string name;
+  int rank = 0;  // 0: the leader
+  int size = 0;
+  std::string leader_endpoint;  // where the leader's group socket listens
+  std::vector<int> member_ids;  // worker ids by rank
 };
 
 struct Registration {
@@ -28,6 +40,7 @@ struct Registration {
   JobConfig config;
   std::vector<std::string> server_endpoints;  // by server id
   uint64_t shard_map_version = 0;
+  GroupInfo group;  // workers
   // Still connected to the coordinator, for reports and the end of the job.
   std::unique_ptr<ClientSocket> coordinator;
 };

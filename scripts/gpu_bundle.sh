@@ -14,7 +14,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${PS_BUILD_DIR:-$root/build}"
 out="$root/gpu_bundle"
 bins=(bin/ps_coordinator bin/ps_server bin/ps_worker bin/ps_kernel_bench bin/ps_bench
-      tests/cuda_kernels_test tests/mlp_test tests/kernels_test)
+      tests/cuda_kernels_test tests/mlp_test tests/kernels_test
+      tests/nccl_group_test bin/ps_group_bench)
 for b in "${bins[@]}"; do
   [ -x "$build/$b" ] || { bash "$root/scripts/build.sh" >/dev/null; break; }
 done

@@ -14,6 +14,9 @@ nvidia-smi -L 2>&1 | tee "$out/gpu.txt"
 rc=0
 "$here/bin/cuda_kernels_test" 2>&1 | tee "$out/cuda_kernels_test.txt" | tail -3 || rc=1
 "$here/bin/mlp_test" 2>&1 | tee "$out/mlp_test.txt" | tail -3 || rc=1
+# All-reduce groups: NCCL with a group of one (needs libnccl.so.2 on the machine).
+"$here/bin/nccl_group_test" 2>&1 | tee "$out/nccl_group_test.txt" | tail -3 || rc=1
+"$here/bin/ps_group_bench" --sizes_mb=4,64 --iters=5 2>&1 | tee "$out/group_bench.txt"
 "$here/bin/ps_kernel_bench" --benchmark_min_time=0.2 2>&1 | tee "$out/kernel_bench.txt" | tail -40
 for device in cuda cpu; do
   run="$out/job_$device"

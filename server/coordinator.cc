@@ -2,11 +2,13 @@
 
 #include <glog/logging.h>
 #include <kj/exception.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
@@ -29,6 +31,21 @@ struct Member {
   uint32_t pid = 0;
   uint64_t register_request = 0;
   int requested_id = -1;
+  std::string group;         // workers: --group=NAME
+  std::string group_formed;  // workers: the all-reduce group they are in ("" for none)
+};
+
+// "cpu: 2 threads" -> "cpu", "NVIDIA H200 (cuda:0)" -> "cuda": what a group may not mix.
+std::string DeviceKind(const std::string& device) {
+  if (device.find("(cuda:") != std::string::npos) return "cuda";
+  return device.substr(0, device.find_first_of(": "));
+}
+
+// One all-reduce group as the coordinator formed it.
+struct GroupPlan {
+  std::string name;
+  std::vector<uint32_t> ids;  // worker ids, ascending: ids[0] leads
+  std::string endpoint;
 };
 
 // Ids within a role: requested ids where valid and free, then arrival order.
@@ -135,6 +152,53 @@ class CoordinatorJob {
     return std::move(h).value();
   }
 
+  // All-reduce groups of two or more workers: by --group=NAME where a worker gave one, else
+  // by id under --group_size. The lowest id leads (so worker 0, which evaluates, always
+  // leads its group). A group must sit on one host (its channel is ipc) and hold one kind of
+  // device (one backend: NCCL or the CPU one).
+  Result<std::vector<GroupPlan>> FormGroups() const {
+    std::map<std::string, std::vector<uint32_t>> by_name;
+    for (uint32_t i = 0; i < workers_.size(); ++i) {
+      std::string name = workers_[i].group;
+      if (name.empty() && config_.group_size > 1) {
+        name = "size" + std::to_string(config_.group_size) + "-" +
+               std::to_string(i / static_cast<uint32_t>(config_.group_size));
+      }
+      if (!name.empty()) by_name[name].push_back(i);
+    }
+    std::vector<GroupPlan> plans;
+    for (auto& [name, ids] : by_name) {
+      if (ids.size() < 2) continue;  // a group of one is just a worker
+      const Member& leader = workers_[ids[0]];
+      for (uint32_t id : ids) {
+        const Member& m = workers_[id];
+        if (DeviceKind(m.device) != DeviceKind(leader.device)) {
+          return InvalidArgument("all-reduce group '" + name + "' mixes devices: worker " +
+                                 std::to_string(ids[0]) + " has '" + leader.device +
+                                 "' and worker " + std::to_string(id) + " has '" + m.device +
+                                 "'; a group holds one kind of device (give each kind its own "
+                                 "--group)");
+        }
+        if (m.host != leader.host) {
+          return InvalidArgument("all-reduce group '" + name + "' spans hosts: worker " +
+                                 std::to_string(ids[0]) + " is on " + leader.host + " and worker " +
+                                 std::to_string(id) + " on " + m.host +
+                                 "; a group reduces within one node");
+        }
+      }
+      GroupPlan plan;
+      plan.name = name;
+      plan.ids = ids;
+      // ipc paths are limited to ~100 bytes: the coordinator's pid, a start stamp and the
+      // group's index keep them short and unique on the host.
+      plan.endpoint = "ipc:///tmp/ps-group-" + std::to_string(getpid()) + "-" +
+                      std::to_string(job_start_.time_since_epoch().count() % 1000000007) + "-" +
+                      std::to_string(plans.size());
+      plans.push_back(std::move(plan));
+    }
+    return plans;
+  }
+
   Status Register(const std::atomic<bool>& stop) {
     const auto deadline = Clock::now() + options_.register_timeout;
     std::printf("waiting for %d servers and %d workers to register on %s\n", config_.num_servers,
@@ -179,6 +243,7 @@ class CoordinatorJob {
         m.pid = reg.getPid();
         m.register_request = header.getRequestId();
         m.requested_id = reg.getRequestedId();
+        m.group = reg.getGroup().cStr();
         if (reg.getRole() == wire::Role::SERVER) {
           if (static_cast<int>(servers_.size()) >= config_.num_servers) {
             ReplyError(in->peer, m.register_request,
@@ -218,8 +283,16 @@ class CoordinatorJob {
     // Everyone is here: hand out ids, the config and the shard map.
     AssignIds(servers_);
     AssignIds(workers_);
+    PS_ASSIGN_OR_RETURN(std::vector<GroupPlan> groups, FormGroups());
+    std::vector<std::pair<int, int>> group_of(workers_.size(), {-1, 0});  // (group, rank)
+    for (size_t g = 0; g < groups.size(); ++g) {
+      for (size_t r = 0; r < groups[g].ids.size(); ++r) {
+        group_of[groups[g].ids[r]] = {static_cast<int>(g), static_cast<int>(r)};
+        workers_[groups[g].ids[r]].group_formed = groups[g].name;
+      }
+    }
     std::map<std::string, std::string> flags = config_.ToFlagMap();
-    auto reply_to = [&](const Member& m, uint32_t id) -> Status {
+    auto reply_to = [&](const Member& m, uint32_t id, bool worker) -> Status {
       capnp::MallocMessageBuilder b;
       auto r = NewHeader(b, m.register_request, -1).getBody().initRegisterReply();
       r.setId(id);
@@ -237,10 +310,24 @@ class CoordinatorJob {
         list[s].setId(s);
         list[s].setEndpoint(servers_[s].endpoint);
       }
+      if (worker && group_of[id].first >= 0) {
+        const GroupPlan& plan = groups[static_cast<size_t>(group_of[id].first)];
+        auto g = r.initGroup();
+        g.setName(plan.name);
+        g.setRank(static_cast<uint32_t>(group_of[id].second));
+        g.setSize(static_cast<uint32_t>(plan.ids.size()));
+        g.setLeaderEndpoint(plan.endpoint);
+        auto ids = g.initMemberIds(static_cast<unsigned>(plan.ids.size()));
+        for (unsigned k = 0; k < plan.ids.size(); ++k) ids.set(k, plan.ids[k]);
+      }
       return Send(m.peer, b);
     };
-    for (uint32_t i = 0; i < servers_.size(); ++i) PS_RETURN_IF_ERROR(reply_to(servers_[i], i));
-    for (uint32_t i = 0; i < workers_.size(); ++i) PS_RETURN_IF_ERROR(reply_to(workers_[i], i));
+    for (uint32_t i = 0; i < servers_.size(); ++i) {
+      PS_RETURN_IF_ERROR(reply_to(servers_[i], i, false));
+    }
+    for (uint32_t i = 0; i < workers_.size(); ++i) {
+      PS_RETURN_IF_ERROR(reply_to(workers_[i], i, true));
+    }
     results_.resize(workers_.size());
     rates_.assign(workers_.size(), 0.0);
     worker_live_.resize(workers_.size());
@@ -804,7 +891,8 @@ class CoordinatorJob {
                          {"compute_seconds", t.value("compute_seconds", 0.0)},
                          {"batch_size", t.value("batch_size", 0)},
                          {"examples_per_sec", secs > 0 ? n / secs : 0.0},
-                         {"failed", i < results_.size() && results_[i].failed}});
+                         {"failed", i < results_.size() && results_[i].failed},
+                         {"group", workers_[i].group_formed}});
     }
     summary["examples"] = examples;
     summary["examples_per_epoch"] = leases_.examples_per_epoch();

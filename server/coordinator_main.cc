@@ -59,6 +59,10 @@ DEFINE_uint64(seed, kDefaults.seed, "seed of initializers and data order");
 DEFINE_string(data_dir, kDefaults.data_dir, "directory of the IDX data files");
 DEFINE_double(report_every_seconds, kDefaults.report_every_seconds,
               "seconds between a worker's training reports");
+DEFINE_int32(group_size, kDefaults.group_size,
+             "workers per all-reduce group (1: none); the leader alone pushes the group's sum");
+DEFINE_double(group_timeout_seconds, kDefaults.group_timeout_seconds,
+              "how long a group member waits for another before the group dissolves");
 
 // ---- this process ----
 DEFINE_string(listen, "tcp://127.0.0.1:7000", "where to listen; port * picks a free one");

@@ -91,6 +91,9 @@ class MlpModel final : public TrainableModel {
     }
   }
 
+  std::vector<std::span<float>> DenseParams() override { return {params_.begin(), params_.end()}; }
+  std::vector<std::span<float>> DenseGrads() override { return {grads_.begin(), grads_.end()}; }
+
   Result<json> Evaluate(KVClient& client) override {
     PS_RETURN_IF_ERROR(Pull(client, {}, nullptr));
     BatchResult r;

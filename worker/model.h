@@ -43,6 +43,13 @@ class TrainableModel {
   // Pulls the current model and evaluates the test set: {"test_examples", "test_loss",
   // "test_accuracy"} and, for binary models, "test_auc".
   virtual Result<nlohmann::json> Evaluate(KVClient& client) = 0;
+
+  // Dense models (all-reduce groups): the host buffers of the parameters of the last pull
+  // and of the last gradient, one span per table; a member of a group gets the former from
+  // its leader instead of pulling and sends the latter to be summed. Empty: the model
+  // cannot train in a group.
+  virtual std::vector<std::span<float>> DenseParams() { return {}; }
+  virtual std::vector<std::span<float>> DenseGrads() { return {}; }
 };
 
 // The MLP of config.mlp_layers on these data sets.

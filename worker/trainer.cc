@@ -13,6 +13,7 @@
 #include "common/shard_map.h"
 #include "common/wire.h"
 #include "worker/worker_metrics.h"
+#include "worker/group_trainer.h"
 
 namespace ps {
 namespace {
@@ -208,6 +209,13 @@ TrainingLoop::TrainingLoop(const JobConfig& config, int worker_id, KVClient* cli
       fixed_batch_(batch_size),
       batch_(batch_size > 0 ? batch_size : config.batch_size) {}
 
+void TrainingLoop::SignalGroup(int64_t command) {
+  if (group_ == nullptr) return;
+  std::vector<int64_t> words = {command};
+  Status s = group_->BroadcastControl(&words);
+  if (!s.ok()) DissolveGroup(s);
+}
+
 Status TrainingLoop::WaitInFlight() {
   Status first;
   for (Ticket t : in_flight_) {
@@ -236,7 +244,7 @@ Result<json> TrainingLoop::Evaluate(int epoch, bool final_eval) {
 
 json TrainingLoop::Totals() const {
   return {{"examples", examples_},         {"steps", steps_},
-          {"clock", client_->clock()},     {"seconds", seconds_},
+          {"clock", client_->clock()},     {"seconds", prior_seconds_ + seconds_},
           {"wait_seconds", wait_seconds_}, {"compute_seconds", compute_seconds_},
           {"batch_size", batch_},          {"device", device_}};
 }
@@ -305,12 +313,23 @@ Status TrainingLoop::TrainChunk(const LeaseTable::Lease& lease, const std::atomi
     order_ = EpochOrder(config_.seed, lease.epoch, model_->train_examples());
     order_epoch_ = lease.epoch;
   }
-  for (uint64_t begin = lease.begin; begin < lease.end; begin += static_cast<uint64_t>(batch_)) {
+  for (uint64_t begin = lease.begin; begin < lease.end;) {
     if (stop.load()) return Aborted("stopped by signal");
+    if (group_ != nullptr) {
+      // One step of the group: a batch for each member.
+      const uint64_t n =
+          std::min<uint64_t>(static_cast<uint64_t>(batch_) * group_->size(), lease.end - begin);
+      std::span<const int64_t> examples(order_.data() + begin, n);
+      const double fraction = static_cast<double>(begin + n) / model_->train_examples();
+      PS_RETURN_IF_ERROR(GroupStep(examples, begin, lease.epoch, fraction));
+      begin += n;
+      continue;
+    }
     const uint64_t n = std::min<uint64_t>(static_cast<uint64_t>(batch_), lease.end - begin);
     std::span<const int64_t> examples(order_.data() + begin, n);
     const double fraction = static_cast<double>(begin + n) / model_->train_examples();
     PS_RETURN_IF_ERROR(TrainStep(examples, lease.epoch, fraction));
+    begin += n;
   }
   return Status::Ok();
 }
@@ -347,6 +366,7 @@ Status TrainingLoop::Run(const std::atomic<bool>& stop) {
       PS_RETURN_IF_ERROR(WaitInFlight());
       PS_RETURN_IF_ERROR(client_->Wait(client_->Leave()));
       in_clock_table = false;
+      SignalGroup(kGroupIdle);  // the members wait with this worker, without a deadline
       continue;
     }
     if (!in_clock_table) {
@@ -358,6 +378,7 @@ Status TrainingLoop::Run(const std::atomic<bool>& stop) {
     request.completed_epoch = next.lease.epoch;
     request.completed_chunk = next.lease.chunk;
   }
+  SignalGroup(kGroupFinished);
   PS_RETURN_IF_ERROR(ReportTraining(epoch, 1.0, true));
   PS_RETURN_IF_ERROR(WaitInFlight());
   seconds_ = SecondsSince(start_);
@@ -367,6 +388,15 @@ Status TrainingLoop::Run(const std::atomic<bool>& stop) {
 }
 
 namespace {
+
+// The device a group's backend runs on: "cuda:N" for a GPU worker, else "cpu".
+std::string GroupDevice(const Kernels& kernels) {
+  if (!kernels.IsCuda()) return "cpu";
+  const std::string name = kernels.DeviceName();
+  const size_t at = name.find("(cuda:");
+  if (at == std::string::npos) return "cuda:0";
+  return "cuda:" + std::to_string(std::atoi(name.c_str() + at + 6));
+}
 
 // Everything after registration. *done_sent tells the caller whether the coordinator
 // already heard from this worker.
@@ -396,7 +426,42 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
   CoordinatorChunkSource chunks(reg.coordinator.get());
   TrainingLoop loop(config, reg.id, client.get(), model.get(), &sink, &chunks,
                     kernels->DeviceName(), options.slowdown, options.batch_size);
-  Status s = loop.Run(stop);
+  std::unique_ptr<GroupComm> group;
+  if (reg.group.size > 1) {
+    GroupCommOptions gopt;
+    gopt.rank = reg.group.rank;
+    gopt.size = reg.group.size;
+    gopt.leader_endpoint = reg.group.leader_endpoint;
+    gopt.timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(config.group_timeout_seconds * 1000));
+    gopt.device = GroupDevice(*kernels);
+    Result<std::unique_ptr<GroupComm>> joined = JoinGroup(transport, gopt);
+    if (!joined.ok()) {
+      // The others find out through their own timeouts; everyone trains alone.
+      LOG(WARNING) << "worker " << reg.id << ": could not join all-reduce group '" << reg.group.name
+                   << "': " << joined.status().ToString() << "; training alone";
+    } else {
+      group = std::move(joined).value();
+      LOG(INFO) << "worker " << reg.id << ": rank " << group->rank() << " of all-reduce group '"
+                << reg.group.name << "' (" << group->size() << " workers, " << group->backend()
+                << ")";
+    }
+  }
+  Status s;
+  bool alone = true;
+  if (group != nullptr && group->leader()) {
+    loop.SetGroup(group.get());
+  } else if (group != nullptr) {
+    const auto member_start = SteadyClock::now();
+    PS_ASSIGN_OR_RETURN(GroupMemberResult member,
+                        RunGroupMember(config, client.get(), model.get(), group.get(), stop));
+    LOG(INFO) << "worker " << reg.id << ": trained " << member.examples << " examples in "
+              << member.steps << " steps of its group (the leader counts them)";
+    loop.AddPriorTotals(0, 0, SecondsSince(member_start));
+    alone = member.dissolved;
+    if (alone) PS_RETURN_IF_ERROR(client->Wait(client->Rejoin()));
+  }
+  if (alone) s = loop.Run(stop);
   *totals = loop.Totals();
   if (!s.ok()) return s;
   *done_sent = true;
@@ -428,6 +493,7 @@ Status RunWorker(const WorkerOptions& options, Transport* transport,
   RegisterRequest req;
   req.device = kernels->DeviceName();
   req.requested_id = options.requested_id;
+  req.group = options.group;
   PS_ASSIGN_OR_RETURN(Registration reg, RegisterWithCoordinator(transport, options.coordinator, req,
                                                                 options.register_timeout));
   LOG(INFO) << "registered as worker " << reg.id << " of " << reg.config.num_workers << " on "

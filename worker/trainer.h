@@ -29,6 +29,7 @@
 #include "common/status.h"
 #include "common/transport.h"
 #include "kernels/kernels.h"
+#include "worker/group_comm.h"
 #include "worker/kv_client.h"
 #include "worker/model.h"
 
@@ -53,6 +54,9 @@ struct WorkerOptions {
   int batch_size = 0;
   // Where the Prometheus metrics go (common/metrics.h); nullptr: none. Borrowed.
   Metrics* metrics = nullptr;
+  // An all-reduce group to join by name (workers of one name on one host form a group);
+  // empty follows the job's --group_size.
+  std::string group;
 };
 
 // The whole life of a worker process.
@@ -120,8 +124,24 @@ class TrainingLoop {
   Result<nlohmann::json> Evaluate(int epoch, bool final_eval);
   // examples, steps, seconds, wait_seconds, device.
   nlohmann::json Totals() const;
+  // Makes this loop the leader of an all-reduce group (worker/group_trainer.h): each step
+  // then covers group->size() batches, one per member, and pushes their sum. Borrowed;
+  // null: train alone.
+  void SetGroup(GroupComm* group) { group_ = group; }
+  // Counted into Totals (a member that trained in a group before training alone).
+  void AddPriorTotals(int64_t examples, int64_t steps, double seconds) {
+    examples_ += examples;
+    steps_ += steps;
+    prior_seconds_ += seconds;
+  }
 
  private:
+  // A group step (group_trainer.cc): the members' batches with this one's, summed.
+  Status GroupStep(std::span<const int64_t> examples, uint64_t begin, int epoch, double fraction);
+  // Leaves the group after a failure; the step's examples are then trained alone.
+  void DissolveGroup(const Status& why);
+  // Leader: a control word to the members (kGroupIdle, kGroupFinished).
+  void SignalGroup(int64_t command);
   Status PushAndTick();
   Status WaitInFlight();
   Status TrainChunk(const LeaseTable::Lease& lease, const std::atomic<bool>& stop);
@@ -142,12 +162,14 @@ class TrainingLoop {
   int order_epoch_ = 0;
   double compute_seconds_ = 0;     // forward/backward (and --slowdown), for the throughput
   std::vector<Ticket> in_flight_;  // this step's pushes and clock tick
+  GroupComm* group_ = nullptr;     // leading an all-reduce group; null: training alone
 
   // Totals and the current report interval.
   std::chrono::steady_clock::time_point start_, last_report_;
   int64_t examples_ = 0;
   int64_t steps_ = 0;
   double seconds_ = 0;
+  double prior_seconds_ = 0;  // in a group, before training alone
   double wait_seconds_ = 0;
   BatchResult interval_;
   double interval_wait_ = 0;

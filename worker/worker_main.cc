@@ -25,6 +25,9 @@ DEFINE_int32(
 DEFINE_int32(metrics_port, 0,
              "serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (0: off)");
 DEFINE_string(metrics_host, "127.0.0.1", "the address the metrics endpoint binds to");
+DEFINE_string(group, "",
+              "join the all-reduce group of this name (workers on one host, one kind of "
+              "device); empty: the job's --group_size");
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -66,6 +69,7 @@ int main(int argc, char** argv) {
               << "/metrics";
   }
   options.metrics = metrics->get();
+  options.group = FLAGS_group;
   ps::Transport transport;
   ps::Status s = ps::RunWorker(options, &transport, g_stop);
   if (!s.ok()) {

@@ -71,6 +71,17 @@ TEST(JobConfigTest, UnknownSettingIsRejected) {
   EXPECT_NE(r.status().message().find("--learning_rate"), std::string::npos);
 }
 
+TEST(JobConfigTest, GroupsAreForDenseModelsAndNeedAPositiveTimeout) {
+  EXPECT_TRUE(JobConfig::FromFlagMap({{"group_size", "2"}}).ok());
+  Result<JobConfig> r =
+      JobConfig::FromFlagMap({{"group_size", "2"}, {"model", "none"}, {"tables", "d:4:2"}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("--group_size=2"), std::string::npos);
+  EXPECT_NE(r.status().message().find("--model=none"), std::string::npos);
+  EXPECT_FALSE(JobConfig::FromFlagMap({{"group_size", "0"}}).ok());
+  EXPECT_FALSE(JobConfig::FromFlagMap({{"group_timeout_seconds", "0"}}).ok());
+}
+
 TEST(JobConfigTest, ModelNoneNeedsTables) {
   EXPECT_FALSE(JobConfig::FromFlagMap({{"model", "none"}}).ok());
   Result<JobConfig> r = JobConfig::FromFlagMap({{"model", "none"}, {"tables", "d:4:2"}});
