@@ -58,6 +58,9 @@ DEFINE_uint64(seed, kDefaults.seed, "seed of initializers and data order");
 DEFINE_string(data_dir, kDefaults.data_dir, "directory of the IDX data files");
 DEFINE_double(report_every_seconds, kDefaults.report_every_seconds,
               "seconds between a worker's training reports");
+DEFINE_string(memory_budget, std::to_string(kDefaults.memory_budget),
+              "bytes each server's rows may take in memory (512MB, 4GB; 0: no limit); colder "
+              "sparse rows spill to RocksDB");
 
 // ---- this process ----
 DEFINE_string(listen, "tcp://127.0.0.1:7000", "where to listen; port * picks a free one");

@@ -6,17 +6,85 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 
 namespace ps {
 
-Result<std::unique_ptr<ServerCore>> ServerCore::Create(const JobConfig& config, int server_id) {
+uint64_t PeakRssBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+  }
+  return 0;
+}
+
+Result<std::unique_ptr<ServerCore>> ServerCore::Create(const JobConfig& config, int server_id,
+                                                       const StoreOptions& store) {
   if (server_id < 0 || server_id >= config.num_servers) {
     return InvalidArgument("server id " + std::to_string(server_id) + " is outside [0, " +
                            std::to_string(config.num_servers) + ")");
   }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt, MakeOptimizer(config));
   PS_ASSIGN_OR_RETURN(LrPolicy lr, LrPolicy::Create(config));
-  return std::unique_ptr<ServerCore>(new ServerCore(config, server_id, std::move(opt), lr));
+  std::unique_ptr<ServerCore> core(new ServerCore(config, server_id, std::move(opt), lr));
+  PS_RETURN_IF_ERROR(core->CreateTables(store));
+  return core;
+}
+
+Status ServerCore::CreateTables(const StoreOptions& store) {
+  const int64_t budget =
+      store.memory_budget >= 0 ? store.memory_budget : static_cast<int64_t>(config_.memory_budget);
+  // Dense tables stay resident; sparse ones share what the budget leaves.
+  uint64_t dense_bytes = 0;
+  size_t sparse_tables = 0;
+  for (const TableSpec& t : config_.table_specs) {
+    if (t.dense()) {
+      dense_bytes += shard_map_.DenseRangeOf(t.id, server_id_).size() *
+                     (t.width + optimizer_->StateFloats(t.width)) * sizeof(float);
+    } else {
+      ++sparse_tables;
+    }
+  }
+  uint64_t sparse_share = 0;
+  if (budget > 0 && sparse_tables > 0) {
+    if (dense_bytes >= static_cast<uint64_t>(budget)) {
+      return InvalidArgument("--memory_budget=" + std::to_string(budget) + " bytes of server " +
+                             std::to_string(server_id_) +
+                             " leaves nothing for its sparse tables: " +
+                             "its dense rows alone take " + std::to_string(dense_bytes) + " bytes");
+    }
+    sparse_share = (static_cast<uint64_t>(budget) - dense_bytes) / sparse_tables;
+  }
+  for (const TableSpec& t : config_.table_specs) {
+    RowRange held = t.dense() ? shard_map_.DenseRangeOf(t.id, server_id_) : RowRange{};
+    RowStoreOptions ro;
+    ro.memory_budget = sparse_share;
+    if (!store.spill_dir.empty()) {
+      ro.spill_dir = store.spill_dir + "/server-" + std::to_string(server_id_) + "-table-" +
+                     std::to_string(t.id);
+    }
+    PS_ASSIGN_OR_RETURN(Table table,
+                        Table::Create(t, held, config_.seed, optimizer_->StateFloats(t.width), ro));
+    tables_.push_back(std::move(table));
+    table_staleness_.push_back(config_.StalenessOf(t));
+  }
+  return Status::Ok();
+}
+
+template <typename Fn>
+Status ServerCore::ForEachRow(const Addressed& a, bool for_write, Fn fn) {
+  if (a.is_range) {
+    for (size_t i = 0; i < a.rows; ++i) fn(i, a.table->DenseRow(a.range.begin + i));
+    return Status::Ok();
+  }
+  const size_t step = std::min(a.table->max_fetch(), a.rows);
+  for (size_t first = 0; first < a.rows; first += step) {
+    const size_t n = std::min(step, a.rows - first);
+    PS_RETURN_IF_ERROR(a.table->Fetch(a.keys.subspan(first, n), for_write, &fetched_));
+    for (size_t i = 0; i < n; ++i) fn(first + i, fetched_[i]);
+  }
+  return Status::Ok();
 }
 
 ServerCore::ServerCore(const JobConfig& config, int server_id, std::unique_ptr<Optimizer> optimizer,
@@ -29,18 +97,24 @@ ServerCore::ServerCore(const JobConfig& config, int server_id, std::unique_ptr<O
       shard_version_(config.table_specs.size(), 0),
       clocks_(static_cast<size_t>(config.num_workers), 0),
       left_(static_cast<size_t>(config.num_workers), false) {
-  for (const TableSpec& t : config_.table_specs) {
-    RowRange held = t.dense() ? shard_map_.DenseRangeOf(t.id, server_id_) : RowRange{};
-    tables_.emplace_back(t, held, config_.seed, optimizer_->StateFloats(t.width));
-    table_staleness_.push_back(config_.StalenessOf(t));
-  }
   stats_.staleness_histogram.assign(kStalenessBuckets, 0);
 }
 
 ServerStats ServerCore::stats() const {
   ServerStats s = stats_;
   s.rows_held = 0;
-  for (const Table& t : tables_) s.rows_held += t.rows_held();
+  for (const Table& t : tables_) {
+    s.rows_held += t.rows_held();
+    if (t.sparse_store() == nullptr) continue;
+    RowStoreStats r = t.sparse_store()->stats();
+    s.rows_in_memory += r.rows_in_memory;
+    s.rows_spilled += r.rows_spilled;
+    s.cache_hits += r.hits;
+    s.cache_misses += r.misses;
+    s.spill_bytes_read += r.bytes_read;
+    s.spill_bytes_written += r.bytes_written;
+  }
+  s.peak_rss_bytes = PeakRssBytes();
   return s;
 }
 
@@ -49,8 +123,9 @@ Result<std::vector<float>> ServerCore::ReadRow(uint32_t table, uint64_t key) {
   Table& t = tables_[table];
   uint64_t k[1] = {key};
   PS_RETURN_IF_ERROR(t.CheckKeys(k));
-  const float* row = t.Row(key);
-  return std::vector<float>(row, row + t.width());
+  std::vector<float*> rows;
+  PS_RETURN_IF_ERROR(t.Fetch(k, /*for_write=*/false, &rows));
+  return std::vector<float>(rows[0], rows[0] + t.width());
 }
 
 Status ServerCore::CheckClock(int64_t clock, const char* what) {
@@ -172,12 +247,11 @@ Result<Frames> ServerCore::HandlePush(wire::Header::Reader h, const Frames& requ
   const int64_t iteration = clock * config_.num_workers;
   const float lr = static_cast<float>(lr_policy_.Rate(iteration, static_cast<int64_t>(staleness)));
   const size_t state_floats = a.table->stride() - width;
-  for (size_t i = 0; i < a.rows; ++i) {
-    uint64_t key = a.is_range ? a.range.begin + i : a.keys[i];
-    float* row = a.table->Row(key);
+  // An error here is the spill tier's (disk); rows before it are applied.
+  PS_RETURN_IF_ERROR(ForEachRow(a, /*for_write=*/true, [&](size_t i, float* row) {
     optimizer_->Apply(std::span<float>(row, width), std::span<float>(row + width, state_floats),
                       grads.subspan(i * width, width), lr);
-  }
+  }));
   ++shard_version_[table_id];
   ++stats_.pushes_applied;
   stats_.bytes_pushed += grads.size_bytes();
@@ -199,10 +273,9 @@ Result<Frames> ServerCore::ServePull(wire::Header::Reader h, const Frames& reque
   const size_t width = a.table->width();
   zmq::message_t values(a.rows * width * sizeof(float));
   float* dst = static_cast<float*>(values.data());
-  for (size_t i = 0; i < a.rows; ++i) {
-    uint64_t key = a.is_range ? a.range.begin + i : a.keys[i];
-    std::memcpy(dst + i * width, a.table->Row(key), width * sizeof(float));
-  }
+  PS_RETURN_IF_ERROR(ForEachRow(a, /*for_write=*/false, [&](size_t i, float* row) {
+    std::memcpy(dst + i * width, row, width * sizeof(float));
+  }));
   const int64_t min_clock = MinLiveClock();
   const int64_t lag = min_clock == INT64_MAX ? 0 : pull.getClock() - min_clock;
   stats_.max_clock_lag = std::max(stats_.max_clock_lag, lag);
@@ -343,6 +416,13 @@ Frames ServerCore::ShutdownReply(uint64_t request_id) {
   s.setMaxClockLag(st.max_clock_lag);
   s.setStalenessSum(st.staleness_sum);
   s.setStalenessMax(st.staleness_max);
+  s.setRowsInMemory(st.rows_in_memory);
+  s.setRowsSpilled(st.rows_spilled);
+  s.setCacheHits(st.cache_hits);
+  s.setCacheMisses(st.cache_misses);
+  s.setSpillBytesRead(st.spill_bytes_read);
+  s.setSpillBytesWritten(st.spill_bytes_written);
+  s.setPeakRssBytes(st.peak_rss_bytes);
   // Send the histogram up to its last non-empty bucket.
   size_t n = st.staleness_histogram.size();
   while (n > 0 && st.staleness_histogram[n - 1] == 0) --n;

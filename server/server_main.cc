@@ -12,6 +12,11 @@ DEFINE_int32(
     id, -1, "this process's id within its role, as a launcher numbers it (-1: registration order)");
 DEFINE_int32(register_timeout_ms, 120000, "how long to wait for the job to assemble");
 DEFINE_int32(io_threads, 1, "ZeroMQ I/O threads");
+DEFINE_string(memory_budget, "",
+              "bytes this server's rows may take in memory, e.g. 512MB or 4GB (0: no limit; "
+              "empty: the job's --memory_budget); colder sparse rows spill to --spill_dir");
+DEFINE_string(spill_dir, "",
+              "parent directory of the RocksDB spill databases (empty: under the temp directory)");
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -34,6 +39,15 @@ int main(int argc, char** argv) {
   options.listen = FLAGS_listen;
   options.register_timeout = std::chrono::milliseconds(FLAGS_register_timeout_ms);
   options.requested_id = FLAGS_id;
+  if (!FLAGS_memory_budget.empty()) {
+    ps::Result<uint64_t> budget = ps::ParseByteSize("memory_budget", FLAGS_memory_budget);
+    if (!budget.ok()) {
+      LOG(ERROR) << budget.status().message();
+      return 2;
+    }
+    options.store.memory_budget = static_cast<int64_t>(budget.value());
+  }
+  options.store.spill_dir = FLAGS_spill_dir;
   ps::TransportOptions topt;
   topt.io_threads = FLAGS_io_threads;
   ps::Transport transport(topt);

@@ -45,12 +45,16 @@ Status RunServer(const ServerOptions& options, Transport* transport,
   PS_ASSIGN_OR_RETURN(Registration reg, RegisterWithCoordinator(transport, options.coordinator, req,
                                                                 options.register_timeout));
   LOG(INFO) << "registered as server " << reg.id << " of " << reg.config.num_servers;
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerCore> core, ServerCore::Create(reg.config, reg.id));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerCore> core,
+                      ServerCore::Create(reg.config, reg.id, options.store));
   Status s = ServeUntilShutdown(*socket, *core, stop, options.poll_interval);
   ServerStats st = core->stats();
   LOG(INFO) << "server " << reg.id << " done: pushes applied " << st.pushes_applied << ", rejected "
-            << st.pushes_rejected << ", pulls " << st.pulls_served << ", rows held "
-            << st.rows_held;
+            << st.pushes_rejected << ", pulls " << st.pulls_served << ", rows held " << st.rows_held
+            << " (in memory " << st.rows_in_memory << ", spilled " << st.rows_spilled
+            << "), cache hits " << st.cache_hits << ", misses " << st.cache_misses
+            << ", RocksDB bytes read " << st.spill_bytes_read << ", written "
+            << st.spill_bytes_written << ", peak RSS " << st.peak_rss_bytes;
   return s;
 }
 

@@ -25,6 +25,8 @@ struct ServerOptions {
   std::chrono::milliseconds register_timeout{120000};
   // The id a launcher gave this server; -1: registration order.
   int requested_id = -1;
+  // Where the rows live: memory budget and spill directory (server_core.h).
+  StoreOptions store;
   // How often the loop looks at `stop` while idle.
   std::chrono::milliseconds poll_interval{200};
 };
