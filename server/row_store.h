@@ -14,12 +14,14 @@
 // RocksDB is a cache here, not a store: its contents die with the process (the database is
 // deleted on open and on close; checkpoints are a separate mechanism). Hence: no WAL, no
 // sync; bloom filters (10 bits/key) because most misses of a growing sparse table are rows
-// never seen; no compression (float rows barely compress); index and filter blocks held in
-// the block cache so that they count against the budget.
+// never seen; no compression (float rows barely compress); index and filter blocks outside
+// the block cache (a small cache thrashed on them), and reads that do not fill the block
+// cache (a row read back moves into a slot; the OS page cache keeps the files warm).
 //
 // Budget split (RowStoreOptions::memory_budget = B): 3/4 B for resident rows at
-// stride * 4 + kRowOverheadBytes each, B/8 for RocksDB's block cache, B/16 for each of its
-// two memtables.
+// stride * 4 + kRowOverheadBytes each, B/16 for RocksDB's block cache, B/16 for each of its
+// two memtables; the rest covers the table readers' index and filter blocks (~1.3 bytes a
+// spilled row).
 //
 // Thread model: not thread-safe; owned by the server's request loop, which fetches the rows
 // of one request at a time. A pull that needs cold rows therefore waits for its MultiGet

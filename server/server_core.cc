@@ -8,6 +8,8 @@
 #include <cstring>
 #include <fstream>
 
+#include "server/export.h"
+
 namespace ps {
 
 uint64_t PeakRssBytes() {
@@ -126,6 +128,45 @@ Result<std::vector<float>> ServerCore::ReadRow(uint32_t table, uint64_t key) {
   std::vector<float*> rows;
   PS_RETURN_IF_ERROR(t.Fetch(k, /*for_write=*/false, &rows));
   return std::vector<float>(rows[0], rows[0] + t.width());
+}
+
+Status ServerCore::ExportSafetensors(const std::string& path) {
+  std::vector<SafeTensor> tensors;
+  std::vector<std::pair<std::string, std::string>> meta = {
+      {"server_id", std::to_string(server_id_)},
+      {"num_servers", std::to_string(config_.num_servers)}};
+  for (Table& t : tables_) {
+    const size_t width = t.width();
+    auto put_floats = [&](std::vector<char>& data, const float* row) {
+      const char* p = reinterpret_cast<const char*>(row);
+      data.insert(data.end(), p, p + width * sizeof(float));
+    };
+    if (t.spec().dense()) {
+      RowRange held = shard_map_.DenseRangeOf(t.spec().id, server_id_);
+      SafeTensor v{t.spec().name, "F32", {held.size(), width}, {}};
+      v.data.reserve(held.size() * width * sizeof(float));
+      for (uint64_t r = held.begin; r < held.end; ++r) put_floats(v.data, t.DenseRow(r));
+      meta.emplace_back(t.spec().name + ".row_begin", std::to_string(held.begin));
+      tensors.push_back(std::move(v));
+      continue;
+    }
+    std::vector<std::pair<uint64_t, std::vector<float>>> rows;
+    PS_RETURN_IF_ERROR(t.sparse_store()->ForEach([&](uint64_t key, const float* row) {
+      rows.emplace_back(key, std::vector<float>(row, row + width));
+    }));
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    SafeTensor ids{t.spec().name + ".ids", "U64", {rows.size()}, {}};
+    SafeTensor values{t.spec().name + ".values", "F32", {rows.size(), width}, {}};
+    for (const auto& [key, row] : rows) {
+      const char* k = reinterpret_cast<const char*>(&key);
+      ids.data.insert(ids.data.end(), k, k + sizeof(key));
+      put_floats(values.data, row.data());
+    }
+    tensors.push_back(std::move(ids));
+    tensors.push_back(std::move(values));
+  }
+  return WriteSafetensors(path, tensors, meta);
 }
 
 Status ServerCore::CheckClock(int64_t clock, const char* what) {

@@ -117,6 +117,11 @@ class ServerCore {
   size_t held_pulls() const { return held_.size(); }
   int64_t worker_clock(int worker) const { return clocks_.at(static_cast<size_t>(worker)); }
   const ShardMap& shard_map() const { return shard_map_; }
+  // Writes this server's rows (values only) to a safetensors file (server/export.h):
+  // dense tables as "<name>" [rows held, width], sparse ones as "<name>.ids" and
+  // "<name>.values". Spilled rows are read from RocksDB; the file's data passes through
+  // memory once, so an export may exceed the memory budget.
+  Status ExportSafetensors(const std::string& path);
   // For tests: the stored values of one row (width floats), or NotFound.
   Result<std::vector<float>> ReadRow(uint32_t table, uint64_t key);
 

@@ -15,6 +15,8 @@ DEFINE_int32(io_threads, 1, "ZeroMQ I/O threads");
 DEFINE_string(memory_budget, "",
               "bytes this server's rows may take in memory, e.g. 512MB or 4GB (0: no limit; "
               "empty: the job's --memory_budget); colder sparse rows spill to --spill_dir");
+DEFINE_string(export_dir, "",
+              "when set: at job end write this server's rows to DIR/server-ID.safetensors");
 DEFINE_string(spill_dir, "",
               "parent directory of the RocksDB spill databases (empty: under the temp directory)");
 
@@ -48,6 +50,7 @@ int main(int argc, char** argv) {
     options.store.memory_budget = static_cast<int64_t>(budget.value());
   }
   options.store.spill_dir = FLAGS_spill_dir;
+  options.export_dir = FLAGS_export_dir;
   ps::TransportOptions topt;
   topt.io_threads = FLAGS_io_threads;
   ps::Transport transport(topt);

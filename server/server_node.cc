@@ -48,6 +48,16 @@ Status RunServer(const ServerOptions& options, Transport* transport,
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerCore> core,
                       ServerCore::Create(reg.config, reg.id, options.store));
   Status s = ServeUntilShutdown(*socket, *core, stop, options.poll_interval);
+  if (s.ok() && !options.export_dir.empty()) {
+    std::string path = options.export_dir + "/server-" + std::to_string(reg.id) + ".safetensors";
+    Status e = core->ExportSafetensors(path);
+    if (e.ok()) {
+      LOG(INFO) << "server " << reg.id << ": model written to " << path;
+    } else {
+      LOG(ERROR) << "server " << reg.id << ": export failed: " << e.ToString();
+      s = e;
+    }
+  }
   ServerStats st = core->stats();
   LOG(INFO) << "server " << reg.id << " done: pushes applied " << st.pushes_applied << ", rejected "
             << st.pushes_rejected << ", pulls " << st.pulls_served << ", rows held " << st.rows_held

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
@@ -305,6 +307,72 @@ TEST(SpillServerTest, ConcurrentClientsLoseNoUpdateUnderEviction) {
   }
   EXPECT_GT(spilled, 0u);
   EXPECT_GT(misses, 0u);
+}
+
+// ---- export ----
+
+TEST(ExportTest, SafetensorsRoundTripOfASpilledModel) {
+  JobConfig config = JobConfig::FromFlagMap({{"model", "none"},
+                                             {"tables", "d:10:3:uniform:1,emb:sparse:4:zeros"},
+                                             {"num_servers", "2"},
+                                             {"optimizer", "adagrad"},
+                                             {"base_lr", "1"}})
+                         .value();
+  StoreOptions so;
+  so.memory_budget = 512 << 10;  // ~4k rows of emb: most of the 20k spill
+  auto core = ServerCore::Create(config, 1, so).value();
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 20000; ++k) keys.push_back(k * 1000003 + 5);
+  std::vector<float> grad(keys.size() * 4);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i % 13) - 6.0f;
+  Frames push = KeyPush(1, 1, keys, grad);
+  ASSERT_TRUE(ReplyStatus(core->HandleOne(push)).ok());
+  ASSERT_GT(core->stats().rows_spilled, 0u);
+  RowRange held = core->shard_map().DenseRangeOf(0, 1);
+
+  std::string path = ::testing::TempDir() + "/export_test.safetensors";
+  ASSERT_TRUE(core->ExportSafetensors(path).ok());
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GE(file.size(), 8u);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(file[i]);
+  ASSERT_LE(8 + n, file.size());
+  EXPECT_EQ((8 + n) % 8, 0u);
+  auto header = nlohmann::json::parse(std::string(file.data() + 8, n));
+  const char* data = file.data() + 8 + n;
+  auto tensor = [&](const std::string& name, const std::string& dtype,
+                    std::vector<uint64_t> shape) -> const char* {
+    EXPECT_TRUE(header.contains(name)) << name;
+    const auto& t = header[name];
+    EXPECT_EQ(t["dtype"], dtype);
+    EXPECT_EQ(t["shape"].get<std::vector<uint64_t>>(), shape);
+    auto off = t["data_offsets"].get<std::vector<uint64_t>>();
+    uint64_t elems = 1;
+    for (uint64_t d : shape) elems *= d;
+    EXPECT_EQ(off[1] - off[0], elems * (dtype == "U64" ? 8 : 4));
+    EXPECT_LE(8 + n + off[1], file.size());
+    return data + off[0];
+  };
+  EXPECT_EQ(header["__metadata__"]["d.row_begin"], std::to_string(held.begin));
+  const float* d = reinterpret_cast<const float*>(tensor("d", "F32", {held.size(), 3}));
+  for (uint64_t r = held.begin; r < held.end; ++r) {
+    auto row = core->ReadRow(0, r).value();
+    for (int j = 0; j < 3; ++j) ASSERT_EQ(d[(r - held.begin) * 3 + j], row[j]);
+  }
+  const uint64_t* ids = reinterpret_cast<const uint64_t*>(tensor("emb.ids", "U64", {keys.size()}));
+  const float* values =
+      reinterpret_cast<const float*>(tensor("emb.values", "F32", {keys.size(), 4}));
+  // Sorted ids; each row's values as the server holds them (adagrad's first step is
+  // -lr * sign(g) for g != 0, 0 for g == 0).
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_EQ(ids[i], keys[i]);  // keys were generated ascending
+    for (int j = 0; j < 4; ++j) {
+      float g = grad[i * 4 + j];
+      float want = g > 0 ? -1.0f : (g < 0 ? 1.0f : 0.0f);
+      ASSERT_NEAR(values[i * 4 + j], want, 1e-5) << "row " << i;
+    }
+  }
 }
 
 uint64_t RssBytes(const char* field) {
