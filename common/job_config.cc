@@ -154,6 +154,9 @@ const std::vector<Field>& Fields() {
               return Status::Ok();
             },
             [](const JobConfig& c) { return std::to_string(c.memory_budget); }},
+      IntField("checkpoint_every", &JobConfig::checkpoint_every, 0, int64_t{1} << 40),
+      StringField("checkpoint_dir", &JobConfig::checkpoint_dir),
+      StringField("restore", &JobConfig::restore),
   };
   return fields;
 }

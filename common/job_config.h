@@ -110,6 +110,15 @@ struct JobConfig {
   // sparse tables spill to RocksDB (server/row_store.h). Written like 512MB or 4GB (units
   // of 1024); 0: no limit. A server's own --memory_budget overrides it.
   uint64_t memory_budget = 0;
+  // Checkpoints (server/checkpoint.h): every `checkpoint_every` clocks of the slowest live
+  // worker (0: never) and on SIGTERM, each server writes its shard (values, optimizer
+  // state, versions, clocks) under checkpoint_dir/clock-<C>/ (empty: no checkpoints).
+  // Consistent across servers under BSP (staleness 0).
+  int64_t checkpoint_every = 0;
+  std::string checkpoint_dir;
+  // Servers start from a checkpoint: "latest" (the latest complete set in checkpoint_dir)
+  // or the path of one set's directory; empty: a fresh model.
+  std::string restore;
   // Seconds between a worker's training reports to the coordinator (metrics.jsonl lines).
   double report_every_seconds = 1.0;
 

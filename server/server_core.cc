@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "server/checkpoint.h"
 #include "server/export.h"
 
 namespace ps {
@@ -31,6 +32,16 @@ Result<std::unique_ptr<ServerCore>> ServerCore::Create(const JobConfig& config, 
   PS_ASSIGN_OR_RETURN(LrPolicy lr, LrPolicy::Create(config));
   std::unique_ptr<ServerCore> core(new ServerCore(config, server_id, std::move(opt), lr));
   PS_RETURN_IF_ERROR(core->CreateTables(store));
+  if (!config.restore.empty()) {
+    std::string set = config.restore;
+    if (set == "latest") {
+      if (config.checkpoint_dir.empty()) {
+        return InvalidArgument("--restore=latest needs --checkpoint_dir");
+      }
+      PS_ASSIGN_OR_RETURN(set, LatestCompleteCheckpoint(config.checkpoint_dir, config.num_servers));
+    }
+    PS_RETURN_IF_ERROR(core->RestoreCheckpoint(set).WithContext("restore from " + set));
+  }
   return core;
 }
 
@@ -128,6 +139,129 @@ Result<std::vector<float>> ServerCore::ReadRow(uint32_t table, uint64_t key) {
   std::vector<float*> rows;
   PS_RETURN_IF_ERROR(t.Fetch(k, /*for_write=*/false, &rows));
   return std::vector<float>(rows[0], rows[0] + t.width());
+}
+
+int64_t ServerCore::CheckpointClock() const {
+  int64_t min = MinLiveClock();
+  if (min != INT64_MAX) return min;
+  int64_t max = 0;
+  for (int64_t c : clocks_) max = std::max(max, c);
+  return max;
+}
+
+Status ServerCore::WriteCheckpoint(int64_t clock) {
+  if (config_.checkpoint_dir.empty()) return FailedPrecondition("no --checkpoint_dir");
+  PS_ASSIGN_OR_RETURN(CheckpointWriter w,
+                      CheckpointWriter::Start(config_.checkpoint_dir, clock, server_id_));
+  PS_RETURN_IF_ERROR(w.Put(clock));
+  PS_RETURN_IF_ERROR(w.Put(static_cast<uint32_t>(server_id_)));
+  PS_RETURN_IF_ERROR(w.Put(static_cast<uint32_t>(config_.num_servers)));
+  PS_RETURN_IF_ERROR(w.Put(static_cast<uint32_t>(config_.num_workers)));
+  for (size_t i = 0; i < clocks_.size(); ++i) {
+    PS_RETURN_IF_ERROR(w.Put(clocks_[i]));
+    PS_RETURN_IF_ERROR(w.Put(static_cast<uint8_t>(left_[i] ? 1 : 0)));
+  }
+  PS_RETURN_IF_ERROR(w.Put(static_cast<uint32_t>(tables_.size())));
+  for (Table& t : tables_) {
+    const uint32_t stride = static_cast<uint32_t>(t.stride());
+    const uint64_t rows = t.rows_held();
+    PS_RETURN_IF_ERROR(w.Put(t.spec().id));
+    PS_RETURN_IF_ERROR(w.Put(shard_version_[t.spec().id]));
+    PS_RETURN_IF_ERROR(w.Put(stride));
+    PS_RETURN_IF_ERROR(w.Put(rows));
+    uint64_t written = 0;
+    Status s;
+    auto put_row = [&](uint64_t key, const float* row) {
+      if (!s.ok()) return;
+      s = w.Put(key);
+      if (s.ok()) s = w.Append(row, stride * sizeof(float));
+      ++written;
+    };
+    if (t.spec().dense()) {
+      RowRange held = shard_map_.DenseRangeOf(t.spec().id, server_id_);
+      for (uint64_t r = held.begin; r < held.end; ++r) put_row(r, t.DenseRow(r));
+    } else {
+      PS_RETURN_IF_ERROR(t.sparse_store()->ForEach(put_row));
+    }
+    PS_RETURN_IF_ERROR(s);
+    if (written != rows) {
+      return Internal("checkpoint of table '" + t.spec().name + "' wrote " +
+                      std::to_string(written) + " rows, expected " + std::to_string(rows));
+    }
+  }
+  PS_RETURN_IF_ERROR(w.Commit());
+  ++stats_.checkpoints_written;
+  last_checkpoint_clock_ = std::max(last_checkpoint_clock_, clock);
+  LOG(INFO) << "server " << server_id_ << ": checkpoint at clock " << clock << " -> " << w.path();
+  return Status::Ok();
+}
+
+Status ServerCore::RestoreCheckpoint(const std::string& set_dir) {
+  const std::string path = set_dir + "/server-" + std::to_string(server_id_) + ".ckpt";
+  PS_ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(path));
+  int64_t clock = 0;
+  uint32_t sid = 0, servers = 0, workers = 0, tables = 0;
+  PS_RETURN_IF_ERROR(r.Get(&clock));
+  PS_RETURN_IF_ERROR(r.Get(&sid));
+  PS_RETURN_IF_ERROR(r.Get(&servers));
+  PS_RETURN_IF_ERROR(r.Get(&workers));
+  if (sid != static_cast<uint32_t>(server_id_) ||
+      servers != static_cast<uint32_t>(config_.num_servers) ||
+      workers != static_cast<uint32_t>(config_.num_workers)) {
+    return InvalidArgument(path + " is server " + std::to_string(sid) + " of " +
+                           std::to_string(servers) + " with " + std::to_string(workers) +
+                           " workers; this job has " + std::to_string(config_.num_servers) +
+                           " servers and " + std::to_string(config_.num_workers) + " workers");
+  }
+  for (size_t i = 0; i < clocks_.size(); ++i) {
+    uint8_t left = 0;
+    PS_RETURN_IF_ERROR(r.Get(&clocks_[i]));
+    PS_RETURN_IF_ERROR(r.Get(&left));
+    // Workers of the new job have not joined yet: none is known to have left.
+    (void)left;
+  }
+  PS_RETURN_IF_ERROR(r.Get(&tables));
+  if (tables != tables_.size()) {
+    return InvalidArgument(path + " has " + std::to_string(tables) + " tables; the job has " +
+                           std::to_string(tables_.size()));
+  }
+  std::vector<uint64_t> keys;
+  std::vector<float> values;
+  for (Table& t : tables_) {
+    uint32_t id = 0, stride = 0;
+    uint64_t version = 0, rows = 0;
+    PS_RETURN_IF_ERROR(r.Get(&id));
+    PS_RETURN_IF_ERROR(r.Get(&version));
+    PS_RETURN_IF_ERROR(r.Get(&stride));
+    PS_RETURN_IF_ERROR(r.Get(&rows));
+    if (id != t.spec().id || stride != t.stride()) {
+      return InvalidArgument(path + ": table " + std::to_string(id) + " has rows of " +
+                             std::to_string(stride) + " floats; table '" + t.spec().name +
+                             "' of this job has " + std::to_string(t.stride()) +
+                             " (same model and optimizer?)");
+    }
+    shard_version_[id] = version;
+    const size_t batch = std::min<size_t>(t.max_fetch(), 4096);
+    for (uint64_t done = 0; done < rows;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(batch, rows - done));
+      keys.resize(n);
+      values.resize(n * stride);
+      for (size_t i = 0; i < n; ++i) {
+        PS_RETURN_IF_ERROR(r.Get(&keys[i]));
+        PS_RETURN_IF_ERROR(r.Read(values.data() + i * stride, stride * sizeof(float)));
+      }
+      PS_RETURN_IF_ERROR(t.CheckKeys(keys));
+      PS_RETURN_IF_ERROR(t.Fetch(keys, /*for_write=*/true, &fetched_));
+      for (size_t i = 0; i < n; ++i) {
+        std::memcpy(fetched_[i], values.data() + i * stride, stride * sizeof(float));
+      }
+      done += n;
+    }
+  }
+  last_checkpoint_clock_ = clock;
+  stats_.restored_clock = clock;
+  LOG(INFO) << "server " << server_id_ << ": restored " << path << " (clock " << clock << ")";
+  return Status::Ok();
 }
 
 Status ServerCore::ExportSafetensors(const std::string& path) {
@@ -439,6 +573,15 @@ Result<Frames> ServerCore::HandleClock(wire::Header::Reader h, std::vector<Outgo
   std::vector<Outgoing> released;
   ReleaseHeldPulls(&released);
   for (Outgoing& o : released) out->push_back(std::move(o));
+  // Every --checkpoint_every clocks of the slowest live worker. Under BSP no push of that
+  // clock can have arrived yet (its pull waits for this very tick), so the servers'
+  // snapshots at one clock agree.
+  if (config_.checkpoint_every > 0 && !config_.checkpoint_dir.empty() && min_clock != INT64_MAX &&
+      min_clock >= last_checkpoint_clock_ + config_.checkpoint_every) {
+    Status s = WriteCheckpoint(min_clock);
+    // A failed checkpoint must not stop training; the previous complete one still stands.
+    if (!s.ok()) LOG(ERROR) << "server " << server_id_ << ": checkpoint failed: " << s.ToString();
+  }
   return reply;
 }
 

@@ -59,6 +59,8 @@ struct ServerStats {
   uint64_t spill_bytes_read = 0;
   uint64_t spill_bytes_written = 0;
   uint64_t peak_rss_bytes = 0;  // the process's (VmHWM), 0 where unknown
+  uint64_t checkpoints_written = 0;
+  int64_t restored_clock = -1;  // the checkpoint this server started from, -1: none
   // Applied pushes by staleness; the last bucket counts everything at or above its index.
   std::vector<uint64_t> staleness_histogram;
   uint64_t staleness_sum = 0;
@@ -122,6 +124,13 @@ class ServerCore {
   // "<name>.values". Spilled rows are read from RocksDB; the file's data passes through
   // memory once, so an export may exceed the memory budget.
   Status ExportSafetensors(const std::string& path);
+  // Writes this server's shard at `clock` (server/checkpoint.h) under --checkpoint_dir.
+  Status WriteCheckpoint(int64_t clock);
+  // Loads this server's file of a checkpoint set (a clock-C directory).
+  Status RestoreCheckpoint(const std::string& set_dir);
+  // The slowest live worker's clock, or the last known one when none is live.
+  int64_t CheckpointClock() const;
+  int64_t last_checkpoint_clock() const { return last_checkpoint_clock_; }
   // For tests: the stored values of one row (width floats), or NotFound.
   Result<std::vector<float>> ReadRow(uint32_t table, uint64_t key);
 
@@ -179,6 +188,7 @@ class ServerCore {
   std::deque<HeldPull> held_;            // in arrival order
   ServerStats stats_;
   std::vector<float*> fetched_;  // scratch of ForEachRow
+  int64_t last_checkpoint_clock_ = 0;
 };
 
 }  // namespace ps

@@ -48,6 +48,15 @@ Status RunServer(const ServerOptions& options, Transport* transport,
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerCore> core,
                       ServerCore::Create(reg.config, reg.id, options.store));
   Status s = ServeUntilShutdown(*socket, *core, stop, options.poll_interval);
+  if (s.code() == StatusCode::kAborted && !reg.config.checkpoint_dir.empty()) {
+    // Stopped by a signal: keep what was trained since the last checkpoint, unless one at
+    // this clock already stands (it is the consistent one).
+    const int64_t clock = core->CheckpointClock();
+    if (clock > core->last_checkpoint_clock()) {
+      Status c = core->WriteCheckpoint(clock);
+      if (!c.ok()) LOG(ERROR) << "server " << reg.id << ": checkpoint on stop: " << c.ToString();
+    }
+  }
   if (s.ok() && !options.export_dir.empty()) {
     std::string path = options.export_dir + "/server-" + std::to_string(reg.id) + ".safetensors";
     Status e = core->ExportSafetensors(path);
