@@ -149,10 +149,9 @@ int64_t ServerCore::CheckpointClock() const {
   return max;
 }
 
-Status ServerCore::WriteCheckpoint(int64_t clock) {
-  if (config_.checkpoint_dir.empty()) return FailedPrecondition("no --checkpoint_dir");
-  PS_ASSIGN_OR_RETURN(CheckpointWriter w,
-                      CheckpointWriter::Start(config_.checkpoint_dir, clock, server_id_));
+Status ServerCore::WriteCheckpointTo(const std::string& dir, int64_t clock) {
+  if (dir.empty()) return FailedPrecondition("no --checkpoint_dir");
+  PS_ASSIGN_OR_RETURN(CheckpointWriter w, CheckpointWriter::Start(dir, clock, server_id_));
   PS_RETURN_IF_ERROR(w.Put(clock));
   PS_RETURN_IF_ERROR(w.Put(static_cast<uint32_t>(server_id_)));
   PS_RETURN_IF_ERROR(w.Put(static_cast<uint32_t>(config_.num_servers)));

@@ -124,8 +124,10 @@ class ServerCore {
   // "<name>.values". Spilled rows are read from RocksDB; the file's data passes through
   // memory once, so an export may exceed the memory budget.
   Status ExportSafetensors(const std::string& path);
-  // Writes this server's shard at `clock` (server/checkpoint.h) under --checkpoint_dir.
-  Status WriteCheckpoint(int64_t clock);
+  // Writes this server's shard at `clock` (server/checkpoint.h) under --checkpoint_dir
+  // (or `dir`).
+  Status WriteCheckpoint(int64_t clock) { return WriteCheckpointTo(config_.checkpoint_dir, clock); }
+  Status WriteCheckpointTo(const std::string& dir, int64_t clock);
   // Loads this server's file of a checkpoint set (a clock-C directory).
   Status RestoreCheckpoint(const std::string& set_dir);
   // The slowest live worker's clock, or the last known one when none is live.

@@ -16,10 +16,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "server/checkpoint.h"
 #include "server/server_core.h"
 #include "tests/server/test_messages.h"
 
@@ -30,6 +32,8 @@ DEFINE_double(zipf, 1.05, "Zipf exponent of key popularity");
 DEFINE_double(fraction, 0.1, "fraction of the rows (bytes) the spilled run holds in memory");
 DEFINE_double(seconds, 3, "time per measurement");
 DEFINE_string(optimizer, "adagrad", "the table's optimizer (its state is part of each row)");
+DEFINE_string(checkpoint_dir, "",
+              "when set: also time writing and restoring a checkpoint of each store here");
 DEFINE_string(json, "", "also write the results as one JSON object to this file");
 
 namespace ps {
@@ -40,6 +44,8 @@ using SteadyClock = std::chrono::steady_clock;
 struct Result_ {
   double pull_rows_per_sec = 0, push_rows_per_sec = 0, hit_rate = 0, seconds = 0;
   uint64_t rows_in_memory = 0, rows_spilled = 0, bytes_read = 0, bytes_written = 0;
+  double checkpoint_write_s = 0, checkpoint_restore_s = 0;
+  uint64_t checkpoint_bytes = 0;
 };
 
 class Zipf {
@@ -110,6 +116,24 @@ Result_ Run(const JobConfig& config, int64_t budget, const std::vector<uint64_t>
   r.bytes_read = after.spill_bytes_read - before.spill_bytes_read;
   r.bytes_written = after.spill_bytes_written - before.spill_bytes_written;
   r.seconds = pull_s + push_s;
+  if (!FLAGS_checkpoint_dir.empty()) {
+    JobConfig ck = config;
+    ck.checkpoint_dir = FLAGS_checkpoint_dir + (budget > 0 ? "/spill" : "/memory");
+    std::filesystem::remove_all(ck.checkpoint_dir);
+    auto t0 = SteadyClock::now();
+    Status w = c.WriteCheckpointTo(ck.checkpoint_dir, 1);
+    auto t1 = SteadyClock::now();
+    CHECK(w.ok()) << w.ToString();
+    r.checkpoint_write_s = std::chrono::duration<double>(t1 - t0).count();
+    r.checkpoint_bytes = std::filesystem::file_size(CheckpointFile(ck.checkpoint_dir, 1, 0));
+    ck.restore = "latest";
+    auto t2 = SteadyClock::now();
+    auto restored = ServerCore::Create(ck, 0, so);
+    auto t3 = SteadyClock::now();
+    CHECK(restored.ok()) << restored.status().ToString();
+    r.checkpoint_restore_s = std::chrono::duration<double>(t3 - t2).count();
+    std::filesystem::remove_all(ck.checkpoint_dir);
+  }
   return r;
 }
 
@@ -155,6 +179,12 @@ int Main() {
   char name[64];
   std::snprintf(name, sizeof(name), "%.0f%% in memory", FLAGS_fraction * 100);
   line(name, spill);
+  if (!FLAGS_checkpoint_dir.empty()) {
+    for (auto [n, r] : {std::pair{"in memory", mem}, std::pair{"spilled", spill}}) {
+      std::printf("checkpoint of the %s store: %.1f MB written in %.2f s, restored in %.2f s\n", n,
+                  r.checkpoint_bytes / 1048576.0, r.checkpoint_write_s, r.checkpoint_restore_s);
+    }
+  }
   std::printf("spilled / in memory: pull %.2fx  push %.2fx   (budget %.1f MB)\n",
               spill.pull_rows_per_sec / mem.pull_rows_per_sec,
               spill.push_rows_per_sec / mem.push_rows_per_sec, budget / 1048576.0);
