@@ -23,7 +23,17 @@ using itest::Deadline;
 using itest::DeadlineIn;
 using itest::TimeLeft;
 
-class CheckpointJobTest : public itest::JobTest {};
+class CheckpointJobTest : public itest::JobTest {
+ protected:
+  // A server whose spill databases live in the test's directory: SIGKILL leaves them
+  // behind, and the test directory is removed at the end.
+  Result<ChildProcess> StartSpillingServer(const std::string& coordinator) {
+    return ChildProcess::Spawn({itest::BinaryPath("ps_server"), "--coordinator=" + coordinator,
+                                "--listen=tcp://127.0.0.1:*", "--register_timeout_ms=30000",
+                                "--spill_dir=" + dir_.Join("spill")},
+                               dir_.Join("server-0.log"));
+  }
+};
 
 constexpr uint32_t kWidth = 4;
 
@@ -71,7 +81,7 @@ TEST_F(CheckpointJobTest, KilledServerRestartsFromTheLatestCheckpoint) {
     std::string endpoint;
     Result<ChildProcess> coordinator = StartCoordinator(job, deadline, &endpoint);
     ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
-    Result<ChildProcess> server = StartServer(0, endpoint);
+    Result<ChildProcess> server = StartSpillingServer(endpoint);
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     Result<Worker> w = Join(&transport, endpoint, deadline);
     ASSERT_TRUE(w.ok()) << w.status().ToString();
@@ -101,7 +111,7 @@ TEST_F(CheckpointJobTest, KilledServerRestartsFromTheLatestCheckpoint) {
   std::string endpoint;
   Result<ChildProcess> coordinator = StartCoordinator(again, deadline, &endpoint);
   ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
-  Result<ChildProcess> server = StartServer(0, endpoint);
+  Result<ChildProcess> server = StartSpillingServer(endpoint);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   Result<Worker> w = Join(&transport, endpoint, deadline);
   ASSERT_TRUE(w.ok()) << w.status().ToString();
