@@ -1,5 +1,6 @@
 #include "common/job_config.h"
 
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -149,9 +150,53 @@ const std::vector<Field>& Fields() {
       DoubleField("report_every_seconds", &JobConfig::report_every_seconds, 0, 3600, true),
       IntField("group_size", &JobConfig::group_size, 1, 1 << 16),
       DoubleField("group_timeout_seconds", &JobConfig::group_timeout_seconds, 0, 1e7, true),
+      Field{"memory_budget",
+            [](JobConfig& c, const std::string& v) -> Status {
+              PS_ASSIGN_OR_RETURN(c.memory_budget, ParseByteSize("memory_budget", v));
+              return Status::Ok();
+            },
+            [](const JobConfig& c) { return std::to_string(c.memory_budget); }},
+      IntField("checkpoint_every", &JobConfig::checkpoint_every, 0, int64_t{1} << 40),
+      StringField("checkpoint_dir", &JobConfig::checkpoint_dir),
+      StringField("restore", &JobConfig::restore),
   };
   return fields;
 }
+
+}  // namespace
+
+Result<uint64_t> ParseByteSize(const std::string& flag, const std::string& value) {
+  auto bad = [&] {
+    return BadValue(flag, value,
+                    "a byte count like 1048576, 512MB or 4GB (K, M, G, T: powers of 1024)");
+  };
+  size_t digits = 0;
+  while (digits < value.size() && value[digits] >= '0' && value[digits] <= '9') ++digits;
+  if (digits == 0 || digits > 15) return bad();
+  uint64_t n = std::stoull(value.substr(0, digits));
+  std::string unit = value.substr(digits);
+  for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (unit.size() == 3 && unit[1] == 'I' && unit[2] == 'B') unit = unit.substr(0, 1);
+  if (unit.size() == 2 && unit[1] == 'B') unit = unit.substr(0, 1);
+  int shift = 0;
+  if (unit.empty() || unit == "B") {
+    shift = 0;
+  } else if (unit == "K") {
+    shift = 10;
+  } else if (unit == "M") {
+    shift = 20;
+  } else if (unit == "G") {
+    shift = 30;
+  } else if (unit == "T") {
+    shift = 40;
+  } else {
+    return bad();
+  }
+  if (shift > 0 && n > (uint64_t{1} << (63 - shift))) return bad();
+  return n << shift;
+}
+
+namespace {
 
 Result<InitKind> ParseInit(const std::string& s) {
   if (s == "zeros") return InitKind::kZeros;

@@ -106,6 +106,19 @@ struct JobConfig {
   std::string test_data;   // sparse_lr: LIBSVM test file
   // sparse_lr: hash feature ids into 64 bits (xxHash), for ids from several sources.
   bool hash_features = false;
+  // Bytes each server's rows (values + optimizer state) may take in memory; colder rows of
+  // sparse tables spill to RocksDB (server/row_store.h). Written like 512MB or 4GB (units
+  // of 1024); 0: no limit. A server's own --memory_budget overrides it.
+  uint64_t memory_budget = 0;
+  // Checkpoints (server/checkpoint.h): every `checkpoint_every` clocks of the slowest live
+  // worker (0: never) and on SIGTERM, each server writes its shard (values, optimizer
+  // state, versions, clocks) under checkpoint_dir/clock-<C>/ (empty: no checkpoints).
+  // Consistent across servers under BSP (staleness 0).
+  int64_t checkpoint_every = 0;
+  std::string checkpoint_dir;
+  // Servers start from a checkpoint: "latest" (the latest complete set in checkpoint_dir)
+  // or the path of one set's directory; empty: a fresh model.
+  std::string restore;
   // Seconds between a worker's training reports to the coordinator (metrics.jsonl lines).
   double report_every_seconds = 1.0;
 
@@ -141,6 +154,10 @@ struct JobConfig {
 
 // Parses --stepvalue ("1000,2000,5000": increasing positive iterations).
 Result<std::vector<int64_t>> ParseStepValues(const std::string& value);
+
+// Parses a byte count: digits with an optional unit K, M, G, T (also KB/KiB, ...: all powers
+// of 1024), e.g. "512MB", "4GB", "1048576". `flag` names the setting in the error.
+Result<uint64_t> ParseByteSize(const std::string& flag, const std::string& value);
 
 // Parses a comma-separated list of positive ints ("784,256,10").
 Result<std::vector<int>> ParseIntList(const std::string& flag, const std::string& value);

@@ -207,4 +207,12 @@ struct ServerStats {
   stalenessHistogram @9 :List(UInt64);  # count of applied pushes by staleness; last = overflow
   stalenessSum @10 :UInt64;
   stalenessMax @11 :UInt64;
+  # The spill tier (server/row_store.h), summed over sparse tables.
+  rowsInMemory @12 :UInt64;
+  rowsSpilled @13 :UInt64;
+  cacheHits @14 :UInt64;
+  cacheMisses @15 :UInt64;         # rows read back from RocksDB
+  spillBytesRead @16 :UInt64;
+  spillBytesWritten @17 :UInt64;
+  peakRssBytes @18 :UInt64;        # the server process's VmHWM
 }

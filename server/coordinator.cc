@@ -847,6 +847,13 @@ class CoordinatorJob {
         entry["max_clock_lag"] = st.getMaxClockLag();
         entry["staleness_sum"] = st.getStalenessSum();
         entry["staleness_max"] = st.getStalenessMax();
+        entry["rows_in_memory"] = st.getRowsInMemory();
+        entry["rows_spilled"] = st.getRowsSpilled();
+        entry["cache_hits"] = st.getCacheHits();
+        entry["cache_misses"] = st.getCacheMisses();
+        entry["spill_bytes_read"] = st.getSpillBytesRead();
+        entry["spill_bytes_written"] = st.getSpillBytesWritten();
+        entry["peak_rss_bytes"] = st.getPeakRssBytes();
         json hist = json::array();
         for (uint64_t c : st.getStalenessHistogram()) hist.push_back(c);
         entry["staleness_histogram"] = hist;
@@ -945,6 +952,26 @@ class CoordinatorJob {
     summary["wait_seconds"] = wait_total;
     summary["bytes_pushed"] = pushed;
     summary["bytes_pulled"] = pulled;
+    {
+      // The spill tier (server/row_store.h), over all servers.
+      uint64_t in_memory = 0, spilled = 0, hits = 0, misses = 0, read = 0, written = 0, rss = 0;
+      for (const json& s : servers) {
+        in_memory += s.value("rows_in_memory", uint64_t{0});
+        spilled += s.value("rows_spilled", uint64_t{0});
+        hits += s.value("cache_hits", uint64_t{0});
+        misses += s.value("cache_misses", uint64_t{0});
+        read += s.value("spill_bytes_read", uint64_t{0});
+        written += s.value("spill_bytes_written", uint64_t{0});
+        rss = std::max(rss, s.value("peak_rss_bytes", uint64_t{0}));
+      }
+      summary["rows_in_memory"] = in_memory;
+      summary["rows_spilled"] = spilled;
+      summary["cache_hit_rate"] =
+          hits + misses > 0 ? static_cast<double>(hits) / (hits + misses) : 1.0;
+      summary["spill_bytes_read"] = read;
+      summary["spill_bytes_written"] = written;
+      summary["max_server_peak_rss_bytes"] = rss;
+    }
     summary["workers"] = workers;
     summary["servers"] = servers;
     summary["config"] = config_.ToFlagMap();

@@ -63,6 +63,16 @@ DEFINE_int32(group_size, kDefaults.group_size,
              "workers per all-reduce group (1: none); the leader alone pushes the group's sum");
 DEFINE_double(group_timeout_seconds, kDefaults.group_timeout_seconds,
               "how long a group member waits for another before the group dissolves");
+DEFINE_string(memory_budget, std::to_string(kDefaults.memory_budget),
+              "bytes each server's rows may take in memory (512MB, 4GB; 0: no limit); colder "
+              "sparse rows spill to RocksDB");
+DEFINE_int64(checkpoint_every, kDefaults.checkpoint_every,
+             "servers checkpoint every N clocks of the slowest worker (0: never; also on SIGTERM)");
+DEFINE_string(checkpoint_dir, kDefaults.checkpoint_dir,
+              "where servers write checkpoints (empty: none)");
+DEFINE_string(
+    restore, kDefaults.restore,
+    "servers start from a checkpoint: latest (in --checkpoint_dir) or a clock-C directory");
 
 // ---- this process ----
 DEFINE_string(listen, "tcp://127.0.0.1:7000", "where to listen; port * picks a free one");

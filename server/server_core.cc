@@ -6,17 +6,98 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+
+#include "server/checkpoint.h"
+#include "server/export.h"
 
 namespace ps {
 
-Result<std::unique_ptr<ServerCore>> ServerCore::Create(const JobConfig& config, int server_id) {
+uint64_t PeakRssBytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+  }
+  return 0;
+}
+
+Result<std::unique_ptr<ServerCore>> ServerCore::Create(const JobConfig& config, int server_id,
+                                                       const StoreOptions& store) {
   if (server_id < 0 || server_id >= config.num_servers) {
     return InvalidArgument("server id " + std::to_string(server_id) + " is outside [0, " +
                            std::to_string(config.num_servers) + ")");
   }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt, MakeOptimizer(config));
   PS_ASSIGN_OR_RETURN(LrPolicy lr, LrPolicy::Create(config));
-  return std::unique_ptr<ServerCore>(new ServerCore(config, server_id, std::move(opt), lr));
+  std::unique_ptr<ServerCore> core(new ServerCore(config, server_id, std::move(opt), lr));
+  PS_RETURN_IF_ERROR(core->CreateTables(store));
+  if (!config.restore.empty()) {
+    std::string set = config.restore;
+    if (set == "latest") {
+      if (config.checkpoint_dir.empty()) {
+        return InvalidArgument("--restore=latest needs --checkpoint_dir");
+      }
+      PS_ASSIGN_OR_RETURN(set, LatestCompleteCheckpoint(config.checkpoint_dir, config.num_servers));
+    }
+    PS_RETURN_IF_ERROR(core->RestoreCheckpoint(set).WithContext("restore from " + set));
+  }
+  return core;
+}
+
+Status ServerCore::CreateTables(const StoreOptions& store) {
+  const int64_t budget =
+      store.memory_budget >= 0 ? store.memory_budget : static_cast<int64_t>(config_.memory_budget);
+  // Dense tables stay resident; sparse ones share what the budget leaves.
+  uint64_t dense_bytes = 0;
+  size_t sparse_tables = 0;
+  for (const TableSpec& t : config_.table_specs) {
+    if (t.dense()) {
+      dense_bytes += shard_map_.DenseRangeOf(t.id, server_id_).size() *
+                     (t.width + optimizer_->StateFloats(t.width)) * sizeof(float);
+    } else {
+      ++sparse_tables;
+    }
+  }
+  uint64_t sparse_share = 0;
+  if (budget > 0 && sparse_tables > 0) {
+    if (dense_bytes >= static_cast<uint64_t>(budget)) {
+      return InvalidArgument("--memory_budget=" + std::to_string(budget) + " bytes of server " +
+                             std::to_string(server_id_) +
+                             " leaves nothing for its sparse tables: " +
+                             "its dense rows alone take " + std::to_string(dense_bytes) + " bytes");
+    }
+    sparse_share = (static_cast<uint64_t>(budget) - dense_bytes) / sparse_tables;
+  }
+  for (const TableSpec& t : config_.table_specs) {
+    RowRange held = t.dense() ? shard_map_.DenseRangeOf(t.id, server_id_) : RowRange{};
+    RowStoreOptions ro;
+    ro.memory_budget = sparse_share;
+    if (!store.spill_dir.empty()) {
+      ro.spill_dir = store.spill_dir + "/server-" + std::to_string(server_id_) + "-table-" +
+                     std::to_string(t.id);
+    }
+    PS_ASSIGN_OR_RETURN(Table table,
+                        Table::Create(t, held, config_.seed, optimizer_->StateFloats(t.width), ro));
+    tables_.push_back(std::move(table));
+    table_staleness_.push_back(config_.StalenessOf(t));
+  }
+  return Status::Ok();
+}
+
+template <typename Fn>
+Status ServerCore::ForEachRow(const Addressed& a, bool for_write, Fn fn) {
+  if (a.is_range) {
+    for (size_t i = 0; i < a.rows; ++i) fn(i, a.table->DenseRow(a.range.begin + i));
+    return Status::Ok();
+  }
+  const size_t step = std::min(a.table->max_fetch(), a.rows);
+  for (size_t first = 0; first < a.rows; first += step) {
+    const size_t n = std::min(step, a.rows - first);
+    PS_RETURN_IF_ERROR(a.table->Fetch(a.keys.subspan(first, n), for_write, &fetched_));
+    for (size_t i = 0; i < n; ++i) fn(first + i, fetched_[i]);
+  }
+  return Status::Ok();
 }
 
 ServerCore::ServerCore(const JobConfig& config, int server_id, std::unique_ptr<Optimizer> optimizer,
@@ -29,18 +110,24 @@ ServerCore::ServerCore(const JobConfig& config, int server_id, std::unique_ptr<O
       shard_version_(config.table_specs.size(), 0),
       clocks_(static_cast<size_t>(config.num_workers), 0),
       left_(static_cast<size_t>(config.num_workers), false) {
-  for (const TableSpec& t : config_.table_specs) {
-    RowRange held = t.dense() ? shard_map_.DenseRangeOf(t.id, server_id_) : RowRange{};
-    tables_.emplace_back(t, held, config_.seed, optimizer_->StateFloats(t.width));
-    table_staleness_.push_back(config_.StalenessOf(t));
-  }
   stats_.staleness_histogram.assign(kStalenessBuckets, 0);
 }
 
 ServerStats ServerCore::stats() const {
   ServerStats s = stats_;
   s.rows_held = 0;
-  for (const Table& t : tables_) s.rows_held += t.rows_held();
+  for (const Table& t : tables_) {
+    s.rows_held += t.rows_held();
+    if (t.sparse_store() == nullptr) continue;
+    RowStoreStats r = t.sparse_store()->stats();
+    s.rows_in_memory += r.rows_in_memory;
+    s.rows_spilled += r.rows_spilled;
+    s.cache_hits += r.hits;
+    s.cache_misses += r.misses;
+    s.spill_bytes_read += r.bytes_read;
+    s.spill_bytes_written += r.bytes_written;
+  }
+  s.peak_rss_bytes = PeakRssBytes();
   return s;
 }
 
@@ -66,8 +153,170 @@ Result<std::vector<float>> ServerCore::ReadRow(uint32_t table, uint64_t key) {
   Table& t = tables_[table];
   uint64_t k[1] = {key};
   PS_RETURN_IF_ERROR(t.CheckKeys(k));
-  const float* row = t.Row(key);
-  return std::vector<float>(row, row + t.width());
+  std::vector<float*> rows;
+  PS_RETURN_IF_ERROR(t.Fetch(k, /*for_write=*/false, &rows));
+  return std::vector<float>(rows[0], rows[0] + t.width());
+}
+
+int64_t ServerCore::CheckpointClock() const {
+  int64_t min = MinLiveClock();
+  if (min != INT64_MAX) return min;
+  int64_t max = 0;
+  for (int64_t c : clocks_) max = std::max(max, c);
+  return max;
+}
+
+Status ServerCore::WriteCheckpointTo(const std::string& dir, int64_t clock) {
+  if (dir.empty()) return FailedPrecondition("no --checkpoint_dir");
+  PS_ASSIGN_OR_RETURN(CheckpointWriter w, CheckpointWriter::Start(dir, clock, server_id_));
+  PS_RETURN_IF_ERROR(w.Put(clock));
+  PS_RETURN_IF_ERROR(w.Put(static_cast<uint32_t>(server_id_)));
+  PS_RETURN_IF_ERROR(w.Put(static_cast<uint32_t>(config_.num_servers)));
+  PS_RETURN_IF_ERROR(w.Put(static_cast<uint32_t>(config_.num_workers)));
+  for (size_t i = 0; i < clocks_.size(); ++i) {
+    PS_RETURN_IF_ERROR(w.Put(clocks_[i]));
+    PS_RETURN_IF_ERROR(w.Put(static_cast<uint8_t>(left_[i] ? 1 : 0)));
+  }
+  PS_RETURN_IF_ERROR(w.Put(static_cast<uint32_t>(tables_.size())));
+  for (Table& t : tables_) {
+    const uint32_t stride = static_cast<uint32_t>(t.stride());
+    const uint64_t rows = t.rows_held();
+    PS_RETURN_IF_ERROR(w.Put(t.spec().id));
+    PS_RETURN_IF_ERROR(w.Put(shard_version_[t.spec().id]));
+    PS_RETURN_IF_ERROR(w.Put(stride));
+    PS_RETURN_IF_ERROR(w.Put(rows));
+    uint64_t written = 0;
+    Status s;
+    auto put_row = [&](uint64_t key, const float* row) {
+      if (!s.ok()) return;
+      s = w.Put(key);
+      if (s.ok()) s = w.Append(row, stride * sizeof(float));
+      ++written;
+    };
+    if (t.spec().dense()) {
+      RowRange held = shard_map_.DenseRangeOf(t.spec().id, server_id_);
+      for (uint64_t r = held.begin; r < held.end; ++r) put_row(r, t.DenseRow(r));
+    } else {
+      PS_RETURN_IF_ERROR(t.sparse_store()->ForEach(put_row));
+    }
+    PS_RETURN_IF_ERROR(s);
+    if (written != rows) {
+      return Internal("checkpoint of table '" + t.spec().name + "' wrote " +
+                      std::to_string(written) + " rows, expected " + std::to_string(rows));
+    }
+  }
+  PS_RETURN_IF_ERROR(w.Commit());
+  ++stats_.checkpoints_written;
+  last_checkpoint_clock_ = std::max(last_checkpoint_clock_, clock);
+  LOG(INFO) << "server " << server_id_ << ": checkpoint at clock " << clock << " -> " << w.path();
+  return Status::Ok();
+}
+
+Status ServerCore::RestoreCheckpoint(const std::string& set_dir) {
+  const std::string path = set_dir + "/server-" + std::to_string(server_id_) + ".ckpt";
+  PS_ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(path));
+  int64_t clock = 0;
+  uint32_t sid = 0, servers = 0, workers = 0, tables = 0;
+  PS_RETURN_IF_ERROR(r.Get(&clock));
+  PS_RETURN_IF_ERROR(r.Get(&sid));
+  PS_RETURN_IF_ERROR(r.Get(&servers));
+  PS_RETURN_IF_ERROR(r.Get(&workers));
+  if (sid != static_cast<uint32_t>(server_id_) ||
+      servers != static_cast<uint32_t>(config_.num_servers) ||
+      workers != static_cast<uint32_t>(config_.num_workers)) {
+    return InvalidArgument(path + " is server " + std::to_string(sid) + " of " +
+                           std::to_string(servers) + " with " + std::to_string(workers) +
+                           " workers; this job has " + std::to_string(config_.num_servers) +
+                           " servers and " + std::to_string(config_.num_workers) + " workers");
+  }
+  for (size_t i = 0; i < clocks_.size(); ++i) {
+    uint8_t left = 0;
+    PS_RETURN_IF_ERROR(r.Get(&clocks_[i]));
+    PS_RETURN_IF_ERROR(r.Get(&left));
+    // Workers of the new job have not joined yet: none is known to have left.
+    (void)left;
+  }
+  PS_RETURN_IF_ERROR(r.Get(&tables));
+  if (tables != tables_.size()) {
+    return InvalidArgument(path + " has " + std::to_string(tables) + " tables; the job has " +
+                           std::to_string(tables_.size()));
+  }
+  std::vector<uint64_t> keys;
+  std::vector<float> values;
+  for (Table& t : tables_) {
+    uint32_t id = 0, stride = 0;
+    uint64_t version = 0, rows = 0;
+    PS_RETURN_IF_ERROR(r.Get(&id));
+    PS_RETURN_IF_ERROR(r.Get(&version));
+    PS_RETURN_IF_ERROR(r.Get(&stride));
+    PS_RETURN_IF_ERROR(r.Get(&rows));
+    if (id != t.spec().id || stride != t.stride()) {
+      return InvalidArgument(path + ": table " + std::to_string(id) + " has rows of " +
+                             std::to_string(stride) + " floats; table '" + t.spec().name +
+                             "' of this job has " + std::to_string(t.stride()) +
+                             " (same model and optimizer?)");
+    }
+    shard_version_[id] = version;
+    const size_t batch = std::min<size_t>(t.max_fetch(), 4096);
+    for (uint64_t done = 0; done < rows;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(batch, rows - done));
+      keys.resize(n);
+      values.resize(n * stride);
+      for (size_t i = 0; i < n; ++i) {
+        PS_RETURN_IF_ERROR(r.Get(&keys[i]));
+        PS_RETURN_IF_ERROR(r.Read(values.data() + i * stride, stride * sizeof(float)));
+      }
+      PS_RETURN_IF_ERROR(t.CheckKeys(keys));
+      PS_RETURN_IF_ERROR(t.Fetch(keys, /*for_write=*/true, &fetched_));
+      for (size_t i = 0; i < n; ++i) {
+        std::memcpy(fetched_[i], values.data() + i * stride, stride * sizeof(float));
+      }
+      done += n;
+    }
+  }
+  last_checkpoint_clock_ = clock;
+  stats_.restored_clock = clock;
+  LOG(INFO) << "server " << server_id_ << ": restored " << path << " (clock " << clock << ")";
+  return Status::Ok();
+}
+
+Status ServerCore::ExportSafetensors(const std::string& path) {
+  std::vector<SafeTensor> tensors;
+  std::vector<std::pair<std::string, std::string>> meta = {
+      {"server_id", std::to_string(server_id_)},
+      {"num_servers", std::to_string(config_.num_servers)}};
+  for (Table& t : tables_) {
+    const size_t width = t.width();
+    auto put_floats = [&](std::vector<char>& data, const float* row) {
+      const char* p = reinterpret_cast<const char*>(row);
+      data.insert(data.end(), p, p + width * sizeof(float));
+    };
+    if (t.spec().dense()) {
+      RowRange held = shard_map_.DenseRangeOf(t.spec().id, server_id_);
+      SafeTensor v{t.spec().name, "F32", {held.size(), width}, {}};
+      v.data.reserve(held.size() * width * sizeof(float));
+      for (uint64_t r = held.begin; r < held.end; ++r) put_floats(v.data, t.DenseRow(r));
+      meta.emplace_back(t.spec().name + ".row_begin", std::to_string(held.begin));
+      tensors.push_back(std::move(v));
+      continue;
+    }
+    std::vector<std::pair<uint64_t, std::vector<float>>> rows;
+    PS_RETURN_IF_ERROR(t.sparse_store()->ForEach([&](uint64_t key, const float* row) {
+      rows.emplace_back(key, std::vector<float>(row, row + width));
+    }));
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    SafeTensor ids{t.spec().name + ".ids", "U64", {rows.size()}, {}};
+    SafeTensor values{t.spec().name + ".values", "F32", {rows.size(), width}, {}};
+    for (const auto& [key, row] : rows) {
+      const char* k = reinterpret_cast<const char*>(&key);
+      ids.data.insert(ids.data.end(), k, k + sizeof(key));
+      put_floats(values.data, row.data());
+    }
+    tensors.push_back(std::move(ids));
+    tensors.push_back(std::move(values));
+  }
+  return WriteSafetensors(path, tensors, meta);
 }
 
 Status ServerCore::CheckClock(int64_t clock, const char* what) {
@@ -189,12 +438,11 @@ Result<Frames> ServerCore::HandlePush(wire::Header::Reader h, const Frames& requ
   const int64_t iteration = clock * config_.num_workers;
   const float lr = static_cast<float>(lr_policy_.Rate(iteration, static_cast<int64_t>(staleness)));
   const size_t state_floats = a.table->stride() - width;
-  for (size_t i = 0; i < a.rows; ++i) {
-    uint64_t key = a.is_range ? a.range.begin + i : a.keys[i];
-    float* row = a.table->Row(key);
+  // An error here is the spill tier's (disk); rows before it are applied.
+  PS_RETURN_IF_ERROR(ForEachRow(a, /*for_write=*/true, [&](size_t i, float* row) {
     optimizer_->Apply(std::span<float>(row, width), std::span<float>(row + width, state_floats),
                       grads.subspan(i * width, width), lr);
-  }
+  }));
   ++shard_version_[table_id];
   ++stats_.pushes_applied;
   stats_.bytes_pushed += grads.size_bytes();
@@ -216,10 +464,9 @@ Result<Frames> ServerCore::ServePull(wire::Header::Reader h, const Frames& reque
   const size_t width = a.table->width();
   zmq::message_t values(a.rows * width * sizeof(float));
   float* dst = static_cast<float*>(values.data());
-  for (size_t i = 0; i < a.rows; ++i) {
-    uint64_t key = a.is_range ? a.range.begin + i : a.keys[i];
-    std::memcpy(dst + i * width, a.table->Row(key), width * sizeof(float));
-  }
+  PS_RETURN_IF_ERROR(ForEachRow(a, /*for_write=*/false, [&](size_t i, float* row) {
+    std::memcpy(dst + i * width, row, width * sizeof(float));
+  }));
   const int64_t min_clock = MinLiveClock();
   const int64_t lag = min_clock == INT64_MAX ? 0 : pull.getClock() - min_clock;
   stats_.max_clock_lag = std::max(stats_.max_clock_lag, lag);
@@ -342,6 +589,15 @@ Result<Frames> ServerCore::HandleClock(wire::Header::Reader h, std::vector<Outgo
   std::vector<Outgoing> released;
   ReleaseHeldPulls(&released);
   for (Outgoing& o : released) out->push_back(std::move(o));
+  // Every --checkpoint_every clocks of the slowest live worker. Under BSP no push of that
+  // clock can have arrived yet (its pull waits for this very tick), so the servers'
+  // snapshots at one clock agree.
+  if (config_.checkpoint_every > 0 && !config_.checkpoint_dir.empty() && min_clock != INT64_MAX &&
+      min_clock >= last_checkpoint_clock_ + config_.checkpoint_every) {
+    Status s = WriteCheckpoint(min_clock);
+    // A failed checkpoint must not stop training; the previous complete one still stands.
+    if (!s.ok()) LOG(ERROR) << "server " << server_id_ << ": checkpoint failed: " << s.ToString();
+  }
   return reply;
 }
 
@@ -360,6 +616,13 @@ Frames ServerCore::ShutdownReply(uint64_t request_id) {
   s.setMaxClockLag(st.max_clock_lag);
   s.setStalenessSum(st.staleness_sum);
   s.setStalenessMax(st.staleness_max);
+  s.setRowsInMemory(st.rows_in_memory);
+  s.setRowsSpilled(st.rows_spilled);
+  s.setCacheHits(st.cache_hits);
+  s.setCacheMisses(st.cache_misses);
+  s.setSpillBytesRead(st.spill_bytes_read);
+  s.setSpillBytesWritten(st.spill_bytes_written);
+  s.setPeakRssBytes(st.peak_rss_bytes);
   // Send the histogram up to its last non-empty bucket.
   size_t n = st.staleness_histogram.size();
   while (n > 0 && st.staleness_histogram[n - 1] == 0) --n;

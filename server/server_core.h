@@ -51,6 +51,16 @@ struct ServerStats {
   uint64_t bytes_pulled = 0;  // value payload bytes sent
   uint64_t rows_held = 0;
   int64_t max_clock_lag = 0;  // largest (puller's clock - slowest live clock) served
+  // The spill tier, summed over sparse tables (server/row_store.h).
+  uint64_t rows_in_memory = 0;
+  uint64_t rows_spilled = 0;
+  uint64_t cache_hits = 0;
+  uint64_t cache_misses = 0;  // rows read back from RocksDB
+  uint64_t spill_bytes_read = 0;
+  uint64_t spill_bytes_written = 0;
+  uint64_t peak_rss_bytes = 0;  // the process's (VmHWM), 0 where unknown
+  uint64_t checkpoints_written = 0;
+  int64_t restored_clock = -1;  // the checkpoint this server started from, -1: none
   // Applied pushes by staleness; the last bucket counts everything at or above its index.
   std::vector<uint64_t> staleness_histogram;
   uint64_t staleness_sum = 0;
@@ -63,6 +73,20 @@ struct Outgoing {
   Frames frames;
 };
 
+// Where a server keeps its rows. Local settings of one server, not of the job.
+struct StoreOptions {
+  // Bytes this server's rows (values and optimizer state, dense and sparse) may take in
+  // memory: dense tables stay resident, the rest is split evenly among sparse tables,
+  // whose colder rows spill to RocksDB. -1: the job's --memory_budget; 0: no limit.
+  int64_t memory_budget = -1;
+  // The parent directory of the spill databases (one per sparse table); empty: fresh
+  // directories under the system's temp directory.
+  std::string spill_dir;
+};
+
+// The process's peak resident set (VmHWM of /proc/self/status) in bytes; 0 where unknown.
+uint64_t PeakRssBytes();
+
 class ServerCore {
  public:
   using Clock = std::chrono::steady_clock;
@@ -72,7 +96,8 @@ class ServerCore {
   static constexpr int64_t kMaxClock = int64_t{1} << 40;
   static constexpr float kMaxAbsGradient = 1e18f;
 
-  static Result<std::unique_ptr<ServerCore>> Create(const JobConfig& config, int server_id);
+  static Result<std::unique_ptr<ServerCore>> Create(const JobConfig& config, int server_id,
+                                                    const StoreOptions& store = {});
 
   // What the request loop should do after sending the replies.
   enum class After { kContinue, kShutdown };
@@ -104,12 +129,27 @@ class ServerCore {
   size_t held_pulls() const { return held_.size(); }
   int64_t worker_clock(int worker) const { return clocks_.at(static_cast<size_t>(worker)); }
   const ShardMap& shard_map() const { return shard_map_; }
+  // Writes this server's rows (values only) to a safetensors file (server/export.h):
+  // dense tables as "<name>" [rows held, width], sparse ones as "<name>.ids" and
+  // "<name>.values". Spilled rows are read from RocksDB; the file's data passes through
+  // memory once, so an export may exceed the memory budget.
+  Status ExportSafetensors(const std::string& path);
+  // Writes this server's shard at `clock` (server/checkpoint.h) under --checkpoint_dir
+  // (or `dir`).
+  Status WriteCheckpoint(int64_t clock) { return WriteCheckpointTo(config_.checkpoint_dir, clock); }
+  Status WriteCheckpointTo(const std::string& dir, int64_t clock);
+  // Loads this server's file of a checkpoint set (a clock-C directory).
+  Status RestoreCheckpoint(const std::string& set_dir);
+  // The slowest live worker's clock, or the last known one when none is live.
+  int64_t CheckpointClock() const;
+  int64_t last_checkpoint_clock() const { return last_checkpoint_clock_; }
   // For tests: the stored values of one row (width floats), or NotFound.
   Result<std::vector<float>> ReadRow(uint32_t table, uint64_t key);
 
  private:
   ServerCore(const JobConfig& config, int server_id, std::unique_ptr<Optimizer> optimizer,
              LrPolicy lr_policy);
+  Status CreateTables(const StoreOptions& store);
   // The rows a push or pull addresses, validated against the table and the frames.
   struct Addressed {
     Table* table = nullptr;
@@ -129,6 +169,10 @@ class ServerCore {
     Clock::time_point since;
   };
 
+  // Calls fn(i, row) for each addressed row i in order, fetching sparse rows from the store
+  // in batches it can hold at once.
+  template <typename Fn>
+  Status ForEachRow(const Addressed& a, bool for_write, Fn fn);
   Result<Addressed> Address(uint32_t table_id, wire::Keys::Reader keys, const Frames& request);
   Result<Frames> HandlePush(wire::Header::Reader h, const Frames& request);
   // Answers a pull now, or holds it (returns an empty Frames) while the bound blocks it.
@@ -155,6 +199,8 @@ class ServerCore {
   std::vector<bool> left_;               // per worker
   std::deque<HeldPull> held_;            // in arrival order
   ServerStats stats_;
+  std::vector<float*> fetched_;  // scratch of ForEachRow
+  int64_t last_checkpoint_clock_ = 0;
 };
 
 }  // namespace ps

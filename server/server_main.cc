@@ -16,6 +16,13 @@ DEFINE_int32(io_threads, 1, "ZeroMQ I/O threads");
 DEFINE_int32(metrics_port, 0,
              "serve Prometheus metrics at http://METRICS_HOST:PORT/metrics (0: off)");
 DEFINE_string(metrics_host, "127.0.0.1", "the address the metrics endpoint binds to");
+DEFINE_string(memory_budget, "",
+              "bytes this server's rows may take in memory, e.g. 512MB or 4GB (0: no limit; "
+              "empty: the job's --memory_budget); colder sparse rows spill to --spill_dir");
+DEFINE_string(export_dir, "",
+              "when set: at job end write this server's rows to DIR/server-ID.safetensors");
+DEFINE_string(spill_dir, "",
+              "parent directory of the RocksDB spill databases (empty: under the temp directory)");
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -53,6 +60,16 @@ int main(int argc, char** argv) {
               << "/metrics";
   }
   options.metrics = metrics->get();
+  if (!FLAGS_memory_budget.empty()) {
+    ps::Result<uint64_t> budget = ps::ParseByteSize("memory_budget", FLAGS_memory_budget);
+    if (!budget.ok()) {
+      LOG(ERROR) << budget.status().message();
+      return 2;
+    }
+    options.store.memory_budget = static_cast<int64_t>(budget.value());
+  }
+  options.store.spill_dir = FLAGS_spill_dir;
+  options.export_dir = FLAGS_export_dir;
   ps::TransportOptions topt;
   topt.io_threads = FLAGS_io_threads;
   ps::Transport transport(topt);

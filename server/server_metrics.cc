@@ -16,7 +16,9 @@ ServerMetrics::ServerMetrics(Metrics* m) : staleness_bounds_(Metrics::StalenessB
   bytes_pulled_ = m->AddCounter("ps_pulled_bytes_total", "value payload bytes sent");
   bad_requests_ = m->AddCounter("ps_failed_requests_total", "requests answered with an error");
   rows_ = m->AddGauge("ps_rows", "rows held in memory");
-  rows_spilled_ = m->AddGauge("ps_rows_spilled", "rows spilled to disk (no spill tier yet: 0)");
+  rows_spilled_ = m->AddGauge("ps_rows_spilled", "rows spilled to RocksDB (not in memory)");
+  spill_read_ = m->AddCounter("ps_spill_read_bytes_total", "bytes read back from RocksDB");
+  spill_written_ = m->AddCounter("ps_spill_written_bytes_total", "bytes written to RocksDB");
   queue_depth_ = m->AddGauge("ps_held_pulls", "pulls held by the staleness bound now");
   max_clock_lag_ = m->AddGauge("ps_max_clock_lag", "largest clock lag of a pull served so far");
   staleness_ =
@@ -37,7 +39,9 @@ void ServerMetrics::Update(const ServerCore& core) {
   bytes_pulled_.Increment(delta(now.bytes_pulled, last_.bytes_pulled));
   bad_requests_.Increment(delta(now.bad_requests, last_.bad_requests));
   rows_.Set(static_cast<double>(now.rows_held));
-  rows_spilled_.Set(0);
+  rows_spilled_.Set(static_cast<double>(now.rows_spilled));
+  spill_read_.Increment(delta(now.spill_bytes_read, last_.spill_bytes_read));
+  spill_written_.Increment(delta(now.spill_bytes_written, last_.spill_bytes_written));
   queue_depth_.Set(static_cast<double>(core.held_pulls()));
   max_clock_lag_.Set(static_cast<double>(now.max_clock_lag));
   // The core counts staleness exactly per value (the last index: that or more); the

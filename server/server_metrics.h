@@ -18,7 +18,7 @@ class ServerMetrics {
 
  private:
   Counter pushes_, pushes_rejected_, pushes_dropped_, pulls_, pulls_held_, bytes_pushed_,
-      bytes_pulled_, bad_requests_;
+      bytes_pulled_, bad_requests_, spill_read_, spill_written_;
   Gauge rows_, rows_spilled_, queue_depth_, max_clock_lag_;
   Histogram staleness_;
   std::vector<double> staleness_bounds_;

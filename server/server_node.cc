@@ -19,7 +19,10 @@ nlohmann::json ServerStatusJson(const ServerCore& core, ServerCore::Clock::time_
           {"server", core.server_id()},
           {"shards", core.shards_held()},
           {"rows", st.rows_held},
-          {"rows_spilled", 0},  // no spill tier yet
+          {"rows_in_memory", st.rows_in_memory},
+          {"rows_spilled", st.rows_spilled},
+          {"cache_hits", st.cache_hits},
+          {"cache_misses", st.cache_misses},
           {"pushes", st.pushes_applied},
           {"pushes_rejected", st.pushes_rejected},
           {"pulls", st.pulls_served},
@@ -103,15 +106,38 @@ Status RunServer(const ServerOptions& options, Transport* transport,
   PS_ASSIGN_OR_RETURN(Registration reg, RegisterWithCoordinator(transport, options.coordinator, req,
                                                                 options.register_timeout));
   LOG(INFO) << "registered as server " << reg.id << " of " << reg.config.num_servers;
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerCore> core, ServerCore::Create(reg.config, reg.id));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerCore> core,
+                      ServerCore::Create(reg.config, reg.id, options.store));
   std::optional<ServerMetrics> metrics;
   if (options.metrics != nullptr) metrics.emplace(options.metrics);
   Status s = ServeUntilShutdown(*socket, *core, stop, options.poll_interval, reg.coordinator.get(),
                                 options.report_interval, metrics ? &*metrics : nullptr);
+  if (s.code() == StatusCode::kAborted && !reg.config.checkpoint_dir.empty()) {
+    // Stopped by a signal: keep what was trained since the last checkpoint, unless one at
+    // this clock already stands (it is the consistent one).
+    const int64_t clock = core->CheckpointClock();
+    if (clock > core->last_checkpoint_clock()) {
+      Status c = core->WriteCheckpoint(clock);
+      if (!c.ok()) LOG(ERROR) << "server " << reg.id << ": checkpoint on stop: " << c.ToString();
+    }
+  }
+  if (s.ok() && !options.export_dir.empty()) {
+    std::string path = options.export_dir + "/server-" + std::to_string(reg.id) + ".safetensors";
+    Status e = core->ExportSafetensors(path);
+    if (e.ok()) {
+      LOG(INFO) << "server " << reg.id << ": model written to " << path;
+    } else {
+      LOG(ERROR) << "server " << reg.id << ": export failed: " << e.ToString();
+      s = e;
+    }
+  }
   ServerStats st = core->stats();
   LOG(INFO) << "server " << reg.id << " done: pushes applied " << st.pushes_applied << ", rejected "
-            << st.pushes_rejected << ", pulls " << st.pulls_served << ", rows held "
-            << st.rows_held;
+            << st.pushes_rejected << ", pulls " << st.pulls_served << ", rows held " << st.rows_held
+            << " (in memory " << st.rows_in_memory << ", spilled " << st.rows_spilled
+            << "), cache hits " << st.cache_hits << ", misses " << st.cache_misses
+            << ", RocksDB bytes read " << st.spill_bytes_read << ", written "
+            << st.spill_bytes_written << ", peak RSS " << st.peak_rss_bytes;
   return s;
 }
 

@@ -27,6 +27,11 @@ struct ServerOptions {
   std::chrono::milliseconds register_timeout{120000};
   // The id a launcher gave this server; -1: registration order.
   int requested_id = -1;
+  // Where the rows live: memory budget and spill directory (server_core.h).
+  StoreOptions store;
+  // When set, the server writes its rows to <export_dir>/server-<id>.safetensors once the
+  // coordinator shuts it down (server/export.h).
+  std::string export_dir;
   // How often the loop looks at `stop` while idle.
   std::chrono::milliseconds poll_interval{200};
   // How often the server tells the coordinator its counters, held pulls and rows (for

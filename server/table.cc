@@ -18,7 +18,16 @@ Table::Table(const TableSpec& spec, RowRange held, uint64_t seed, size_t state_f
   }
 }
 
-uint64_t Table::rows_held() const { return spec_.dense() ? held_.size() : sparse_index_.size(); }
+Result<Table> Table::Create(const TableSpec& spec, RowRange held, uint64_t seed,
+                            size_t state_floats, const RowStoreOptions& store) {
+  Table t(spec, held, seed, state_floats);
+  if (!spec.dense()) {
+    PS_ASSIGN_OR_RETURN(t.sparse_, RowStore::Open(spec, seed, t.stride_, store));
+  }
+  return t;
+}
+
+uint64_t Table::rows_held() const { return spec_.dense() ? held_.size() : sparse_->stats().rows; }
 
 Status Table::CheckRange(RowRange rows) const {
   if (!spec_.dense()) {
@@ -45,20 +54,11 @@ Status Table::CheckKeys(std::span<const uint64_t> keys) const {
   return Status::Ok();
 }
 
-float* Table::Row(uint64_t key) {
-  if (spec_.dense()) return dense_.data() + (key - held_.begin) * stride_;
-  auto it = sparse_index_.find(key);
-  if (it != sparse_index_.end()) return it->second;
-  if (rows_in_last_block_ == kRowsPerBlock) {
-    blocks_.push_back(std::make_unique<float[]>(kRowsPerBlock * stride_));
-    rows_in_last_block_ = 0;
-  }
-  float* row = blocks_.back().get() + rows_in_last_block_ * stride_;
-  ++rows_in_last_block_;
-  std::fill(row, row + stride_, 0.0f);
-  InitializeRow(spec_, seed_, key, std::span<float>(row, spec_.width));
-  sparse_index_.emplace(key, row);
-  return row;
+Status Table::Fetch(std::span<const uint64_t> keys, bool for_write, std::vector<float*>* rows) {
+  if (sparse_) return sparse_->Fetch(keys, for_write, rows);
+  rows->resize(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) (*rows)[i] = DenseRow(keys[i]);
+  return Status::Ok();
 }
 
 }  // namespace ps

@@ -1,0 +1,72 @@
+// Checkpoint files: a server's shard of the model at a clock, written so that a file that
+// exists under its final name is complete, and a damaged one is detected.
+//
+// Layout of DIR/clock-<C, 12 digits>/server-<id>.ckpt (little-endian):
+//   "PSCKPT01", then the body the server writes through CheckpointWriter::Append, then
+//   the CRC-32 (zlib) of everything before it (u32) and "PSCKEND!".
+// Written to "<name>.tmp", fsynced, renamed, and the directory fsynced: a crash leaves
+// either no file or a whole one; a truncated or altered file fails its CRC.
+// A checkpoint set (one clock) is complete when every server's file is there and valid;
+// restore uses the latest complete set, so one cut short is ignored.
+//
+// Thread model: plain objects, one thread each.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ps {
+
+class CheckpointWriter {
+ public:
+  // Starts DIR/clock-<C>/server-<id>.ckpt (the directories are created).
+  static Result<CheckpointWriter> Start(const std::string& dir, int64_t clock, int server_id);
+  CheckpointWriter(CheckpointWriter&& o) noexcept;
+  ~CheckpointWriter();
+  Status Append(const void* data, size_t bytes);
+  template <typename T>
+  Status Put(const T& v) {
+    return Append(&v, sizeof(T));
+  }
+  // Writes the trailer, fsyncs and renames into place.
+  Status Commit();
+  const std::string& path() const { return path_; }
+
+ private:
+  CheckpointWriter() = default;
+  std::FILE* f_ = nullptr;
+  std::string path_, tmp_;
+  uint32_t crc_ = 0;
+  bool failed_ = false;
+};
+
+class CheckpointReader {
+ public:
+  // Opens a file and checks its magic, length and CRC (one pass over it).
+  static Result<CheckpointReader> Open(const std::string& path);
+  CheckpointReader(CheckpointReader&& o) noexcept;
+  ~CheckpointReader();
+  Status Read(void* data, size_t bytes);
+  template <typename T>
+  Status Get(T* v) {
+    return Read(v, sizeof(T));
+  }
+
+ private:
+  CheckpointReader() = default;
+  std::FILE* f_ = nullptr;
+  std::string path_;
+  uint64_t body_end_ = 0;  // offset of the CRC
+};
+
+std::string CheckpointFile(const std::string& dir, int64_t clock, int server_id);
+
+// The directory of the latest complete checkpoint set under `dir` (every one of
+// `num_servers` files valid), or NotFound naming what was skipped and why.
+Result<std::string> LatestCompleteCheckpoint(const std::string& dir, int num_servers);
+
+}  // namespace ps

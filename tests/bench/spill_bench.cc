@@ -1,0 +1,216 @@
+// spill_bench: pull and push rows/s of a sparse table with the model fully in memory and
+// with a fraction of it in memory (the rest in the RocksDB spill tier), in the same run,
+// with Zipf-distributed keys as CTR features have. Measures the store through ServerCore
+// (no sockets), so that the figures are the spill tier's and not the transport's.
+//
+//   spill_bench [--rows=1000000] [--width=16] [--batch=1024] [--zipf=1.05]
+//               [--fraction=0.1] [--seconds=3] [--optimizer=adagrad] [--json=FILE]
+//
+// Both stores first get every row (one pass in key order, so that the spilled one starts
+// with ~90% of its rows on disk), then alternate pulls and pushes of `batch` Zipf keys.
+// Hot keys are scattered over the id space (rank -> key by a multiplicative hash).
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "server/checkpoint.h"
+#include "server/server_core.h"
+#include "tests/server/test_messages.h"
+
+DEFINE_uint64(rows, 1000000, "rows of the sparse table");
+DEFINE_uint32(width, 16, "floats per row");
+DEFINE_uint32(batch, 1024, "keys per pull / push");
+DEFINE_double(zipf, 1.05, "Zipf exponent of key popularity");
+DEFINE_double(fraction, 0.1, "fraction of the rows (bytes) the spilled run holds in memory");
+DEFINE_double(seconds, 3, "time per measurement");
+DEFINE_string(optimizer, "adagrad", "the table's optimizer (its state is part of each row)");
+DEFINE_string(checkpoint_dir, "",
+              "when set: also time writing and restoring a checkpoint of each store here");
+DEFINE_string(json, "", "also write the results as one JSON object to this file");
+
+namespace ps {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+struct Result_ {
+  double pull_rows_per_sec = 0, push_rows_per_sec = 0, hit_rate = 0, seconds = 0;
+  uint64_t rows_in_memory = 0, rows_spilled = 0, bytes_read = 0, bytes_written = 0;
+  double checkpoint_write_s = 0, checkpoint_restore_s = 0;
+  uint64_t checkpoint_bytes = 0;
+};
+
+class Zipf {
+ public:
+  Zipf(uint64_t n, double s) : cdf_(n) {
+    double sum = 0;
+    for (uint64_t i = 0; i < n; ++i) cdf_[i] = sum += 1.0 / std::pow(static_cast<double>(i + 1), s);
+    for (double& c : cdf_) c /= sum;
+  }
+  uint64_t operator()(std::mt19937_64& rng) {
+    double u = std::uniform_real_distribution<double>(0, 1)(rng);
+    return static_cast<uint64_t>(std::lower_bound(cdf_.begin(), cdf_.end(), u) - cdf_.begin());
+  }
+
+ private:
+  std::vector<double> cdf_;
+};
+
+uint64_t KeyOfRank(uint64_t rank) { return (rank + 1) * 0x9E3779B97F4A7C15ull; }
+
+Result_ Run(const JobConfig& config, int64_t budget, const std::vector<uint64_t>& stream) {
+  StoreOptions so;
+  so.memory_budget = budget;
+  auto core = ServerCore::Create(config, 0, so);
+  CHECK(core.ok()) << core.status().ToString();
+  ServerCore& c = **core;
+  const size_t b = FLAGS_batch;
+  uint64_t rid = 1;
+  // Every row once, in rank order: the coldest rows are the last ones written, so the
+  // spilled store starts with the cold tail on disk only where CLOCK put it.
+  std::vector<uint64_t> keys(b);
+  std::vector<float> grad(b * FLAGS_width, 0.01f);
+  for (uint64_t first = 0; first < FLAGS_rows; first += b) {
+    for (size_t i = 0; i < b; ++i) keys[i] = KeyOfRank((first + i) % FLAGS_rows);
+    Frames p = testing::KeyPush(rid++, 0, keys, grad);
+    CHECK(testing::ReplyStatus(c.HandleOne(p)).ok());
+  }
+  ServerStats before = c.stats();
+  double pull_s = 0, push_s = 0;
+  uint64_t rows = 0;
+  size_t pos = 0;
+  auto start = SteadyClock::now();
+  while (std::chrono::duration<double>(SteadyClock::now() - start).count() < FLAGS_seconds) {
+    keys.assign(stream.begin() + pos, stream.begin() + pos + b);
+    pos = (pos + b) % (stream.size() - b);
+    Frames pull = testing::KeyPull(rid++, 0, keys);
+    auto t0 = SteadyClock::now();
+    Frames reply = c.HandleOne(pull);
+    auto t1 = SteadyClock::now();
+    CHECK(testing::ReplyStatus(reply).ok());
+    Frames push = testing::KeyPush(rid++, 0, keys, grad);
+    auto t2 = SteadyClock::now();
+    CHECK(testing::ReplyStatus(c.HandleOne(push)).ok());
+    auto t3 = SteadyClock::now();
+    pull_s += std::chrono::duration<double>(t1 - t0).count();
+    push_s += std::chrono::duration<double>(t3 - t2).count();
+    rows += b;
+  }
+  ServerStats after = c.stats();
+  Result_ r;
+  r.pull_rows_per_sec = rows / pull_s;
+  r.push_rows_per_sec = rows / push_s;
+  const uint64_t hits = after.cache_hits - before.cache_hits;
+  const uint64_t misses = after.cache_misses - before.cache_misses;
+  r.hit_rate = hits + misses > 0 ? static_cast<double>(hits) / (hits + misses) : 1.0;
+  r.rows_in_memory = after.rows_in_memory;
+  r.rows_spilled = after.rows_spilled;
+  r.bytes_read = after.spill_bytes_read - before.spill_bytes_read;
+  r.bytes_written = after.spill_bytes_written - before.spill_bytes_written;
+  r.seconds = pull_s + push_s;
+  if (!FLAGS_checkpoint_dir.empty()) {
+    JobConfig ck = config;
+    ck.checkpoint_dir = FLAGS_checkpoint_dir + (budget > 0 ? "/spill" : "/memory");
+    std::filesystem::remove_all(ck.checkpoint_dir);
+    auto t0 = SteadyClock::now();
+    Status w = c.WriteCheckpointTo(ck.checkpoint_dir, 1);
+    auto t1 = SteadyClock::now();
+    CHECK(w.ok()) << w.ToString();
+    r.checkpoint_write_s = std::chrono::duration<double>(t1 - t0).count();
+    r.checkpoint_bytes = std::filesystem::file_size(CheckpointFile(ck.checkpoint_dir, 1, 0));
+    ck.restore = "latest";
+    auto t2 = SteadyClock::now();
+    auto restored = ServerCore::Create(ck, 0, so);
+    auto t3 = SteadyClock::now();
+    CHECK(restored.ok()) << restored.status().ToString();
+    r.checkpoint_restore_s = std::chrono::duration<double>(t3 - t2).count();
+    std::filesystem::remove_all(ck.checkpoint_dir);
+  }
+  return r;
+}
+
+int Main() {
+  auto config = JobConfig::FromFlagMap(
+      {{"model", "none"},
+       {"tables", "emb:sparse:" + std::to_string(FLAGS_width) + ":normal:0.01"},
+       {"num_servers", "1"},
+       {"num_workers", "1"},
+       {"optimizer", FLAGS_optimizer},
+       {"base_lr", "0.01"}});
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
+    return 2;
+  }
+  auto opt = MakeOptimizer(*config).value();
+  const size_t stride = FLAGS_width + opt->StateFloats(FLAGS_width);
+  // The budget that holds `fraction` of the rows (RowStore gives rows 3/4 of it).
+  const uint64_t row_bytes = stride * sizeof(float) + RowStore::kRowOverheadBytes;
+  const int64_t budget = static_cast<int64_t>(FLAGS_fraction * FLAGS_rows * row_bytes / 0.75);
+
+  Zipf zipf(FLAGS_rows, FLAGS_zipf);
+  std::mt19937_64 rng(42);
+  std::vector<uint64_t> stream(2 << 20);
+  for (uint64_t& k : stream) k = KeyOfRank(zipf(rng));
+
+  std::printf(
+      "sparse table: %lu rows x %u floats (+%zu optimizer state), %s, Zipf s=%.2f, "
+      "batches of %u keys\n",
+      static_cast<unsigned long>(FLAGS_rows), FLAGS_width, stride - FLAGS_width,
+      FLAGS_optimizer.c_str(), FLAGS_zipf, FLAGS_batch);
+  Result_ mem = Run(*config, 0, stream);
+  Result_ spill = Run(*config, budget, stream);
+  auto line = [](const char* name, const Result_& r) {
+    std::printf(
+        "%-22s pull %10.0f rows/s  push %10.0f rows/s  hit rate %.4f  in memory %8lu  "
+        "spilled %8lu  RocksDB read %.1f MB written %.1f MB\n",
+        name, r.pull_rows_per_sec, r.push_rows_per_sec, r.hit_rate,
+        static_cast<unsigned long>(r.rows_in_memory), static_cast<unsigned long>(r.rows_spilled),
+        r.bytes_read / 1048576.0, r.bytes_written / 1048576.0);
+  };
+  line("in memory", mem);
+  char name[64];
+  std::snprintf(name, sizeof(name), "%.0f%% in memory", FLAGS_fraction * 100);
+  line(name, spill);
+  if (!FLAGS_checkpoint_dir.empty()) {
+    for (auto [n, r] : {std::pair{"in memory", mem}, std::pair{"spilled", spill}}) {
+      std::printf("checkpoint of the %s store: %.1f MB written in %.2f s, restored in %.2f s\n", n,
+                  r.checkpoint_bytes / 1048576.0, r.checkpoint_write_s, r.checkpoint_restore_s);
+    }
+  }
+  std::printf("spilled / in memory: pull %.2fx  push %.2fx   (budget %.1f MB)\n",
+              spill.pull_rows_per_sec / mem.pull_rows_per_sec,
+              spill.push_rows_per_sec / mem.push_rows_per_sec, budget / 1048576.0);
+  if (!FLAGS_json.empty()) {
+    nlohmann::json j;
+    for (auto [n, r] : {std::pair{"memory", mem}, std::pair{"spill", spill}}) {
+      j[n] = {{"pull_rows_per_sec", r.pull_rows_per_sec},
+              {"push_rows_per_sec", r.push_rows_per_sec},
+              {"hit_rate", r.hit_rate},
+              {"rows_in_memory", r.rows_in_memory},
+              {"rows_spilled", r.rows_spilled},
+              {"bytes_read", r.bytes_read},
+              {"bytes_written", r.bytes_written}};
+    }
+    j["budget_bytes"] = budget;
+    std::ofstream(FLAGS_json) << j.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ps
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("spill_bench [--rows=N] [--fraction=F] [--zipf=S] [--seconds=S]");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  return ps::Main();
+}

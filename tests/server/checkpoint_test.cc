@@ -1,0 +1,169 @@
+// Checkpoints: a server restored from one has the weights, optimizer state, versions and
+// clocks it had at the checkpoint (spilled rows included); a set cut short or damaged is
+// skipped for the previous complete one.
+#include "server/checkpoint.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "server/server_core.h"
+#include "tests/server/test_messages.h"
+
+namespace ps {
+namespace {
+
+using testing::ClockTick;
+using testing::KeyPush;
+using testing::RangePush;
+using testing::ReplyStatus;
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/ckpt_" + std::to_string(::getpid()) + "_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(dir_);
+    config_ = JobConfig::FromFlagMap({{"model", "none"},
+                                      {"tables", "d:10:3:uniform:1,emb:sparse:4:normal:0.1"},
+                                      {"num_servers", "1"},
+                                      {"num_workers", "1"},
+                                      {"staleness", "0"},
+                                      {"optimizer", "adam"},
+                                      {"base_lr", "0.01"},
+                                      {"checkpoint_every", "2"},
+                                      {"checkpoint_dir", dir_}})
+                  .value();
+    for (uint64_t k = 0; k < 6000; ++k) keys_.push_back(k * 7 + 3);
+    store_.memory_budget = 512 << 10;  // ~2k of the 6000 sparse rows in memory
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // One worker step: push every row, then tick.
+  void Step(ServerCore& core, int64_t clock, float scale) {
+    std::vector<float> g(keys_.size() * 4), gd(10 * 3);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = scale * static_cast<float>(i % 11) - 0.4f;
+    for (size_t i = 0; i < gd.size(); ++i) gd[i] = scale * static_cast<float>(i) - 1.0f;
+    Frames p = KeyPush(rid_++, 1, keys_, g);
+    ASSERT_TRUE(ReplyStatus(core.HandleOne(p)).ok());
+    Frames d = RangePush(rid_++, 0, 0, 10, gd);
+    ASSERT_TRUE(ReplyStatus(core.HandleOne(d)).ok());
+    if (clock >= 0) {
+      Frames t = ClockTick(rid_++, 0, clock);
+      ASSERT_TRUE(ReplyStatus(core.HandleOne(t)).ok());
+    }
+  }
+  std::vector<float> Rows(ServerCore& core) {
+    std::vector<float> all;
+    for (uint64_t r = 0; r < 10; ++r) {
+      auto v = core.ReadRow(0, r).value();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    for (uint64_t k : keys_) {
+      auto v = core.ReadRow(1, k).value();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    return all;
+  }
+  static bool BitEqual(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+  }
+
+  std::string dir_;
+  JobConfig config_;
+  StoreOptions store_;
+  std::vector<uint64_t> keys_;
+  uint64_t rid_ = 1;
+};
+
+TEST_F(CheckpointTest, RestoredServerContinuesExactlyAsTheOriginal) {
+  auto a = ServerCore::Create(config_, 0, store_).value();
+  for (int64_t c = 1; c <= 4; ++c) Step(*a, c, 0.1f * static_cast<float>(c));
+  ASSERT_TRUE(std::filesystem::exists(CheckpointFile(dir_, 2, 0)));
+  ASSERT_TRUE(std::filesystem::exists(CheckpointFile(dir_, 4, 0)));
+  ASSERT_GT(a->stats().rows_spilled, 0u);
+  const std::vector<float> at_checkpoint = Rows(*a);
+  // Past the checkpoint: one more step (not checkpointed: clock 5 < 4 + 2).
+  Step(*a, 5, 0.7f);
+  const std::vector<float> after = Rows(*a);
+  ASSERT_FALSE(BitEqual(at_checkpoint, after));
+
+  JobConfig restore = config_;
+  restore.restore = "latest";
+  auto b = ServerCore::Create(restore, 0, store_).value();
+  EXPECT_EQ(b->worker_clock(0), 4);
+  EXPECT_EQ(b->stats().restored_clock, 4);
+  EXPECT_TRUE(BitEqual(Rows(*b), at_checkpoint));
+  // The same step from the restored server gives the same weights: Adam's moments and
+  // step counts came back too.
+  Step(*b, 5, 0.7f);
+  EXPECT_TRUE(BitEqual(Rows(*b), after));
+  // Versions came back: both servers are at the same shard version.
+  Frames pa = testing::KeyPull(rid_++, 1, {keys_[0]}), pb = testing::KeyPull(rid_++, 1, {keys_[0]});
+  EXPECT_EQ(testing::ReplyHeader(a->HandleOne(pa)).get().getBody().getPullReply().getVersion(),
+            testing::ReplyHeader(b->HandleOne(pb)).get().getBody().getPullReply().getVersion());
+}
+
+TEST_F(CheckpointTest, ACheckpointCutShortOrDamagedIsSkipped) {
+  auto a = ServerCore::Create(config_, 0, store_).value();
+  for (int64_t c = 1; c <= 2; ++c) Step(*a, c, 0.2f);
+  const std::vector<float> at_2 = Rows(*a);
+  const std::string good = CheckpointFile(dir_, 2, 0);
+  ASSERT_TRUE(std::filesystem::exists(good));
+  const auto size = std::filesystem::file_size(good);
+
+  // clock 4: cut short (a kill during the write, as if it had been renamed early);
+  // clock 6: full length, one byte flipped; clock 8: only the temp file.
+  std::filesystem::create_directories(
+      std::filesystem::path(CheckpointFile(dir_, 4, 0)).parent_path());
+  std::filesystem::copy_file(good, CheckpointFile(dir_, 4, 0));
+  std::filesystem::resize_file(CheckpointFile(dir_, 4, 0), size / 2);
+  std::filesystem::create_directories(
+      std::filesystem::path(CheckpointFile(dir_, 6, 0)).parent_path());
+  std::filesystem::copy_file(good, CheckpointFile(dir_, 6, 0));
+  {
+    std::fstream f(CheckpointFile(dir_, 6, 0), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size / 3));
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(static_cast<std::streamoff>(size / 3));
+    c = static_cast<char>(c ^ 0x5a);
+    f.write(&c, 1);
+  }
+  std::filesystem::create_directories(
+      std::filesystem::path(CheckpointFile(dir_, 8, 0)).parent_path());
+  std::filesystem::copy_file(good, CheckpointFile(dir_, 8, 0) + ".tmp");
+
+  EXPECT_FALSE(CheckpointReader::Open(CheckpointFile(dir_, 4, 0)).ok());
+  EXPECT_FALSE(CheckpointReader::Open(CheckpointFile(dir_, 6, 0)).ok());
+  auto latest = LatestCompleteCheckpoint(dir_, 1);
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_EQ(std::filesystem::path(*latest).filename(), "clock-000000000002");
+  // A set needs every server's file: with two servers none is complete.
+  EXPECT_FALSE(LatestCompleteCheckpoint(dir_, 2).ok());
+
+  JobConfig restore = config_;
+  restore.restore = "latest";
+  auto b = ServerCore::Create(restore, 0, store_).value();
+  EXPECT_EQ(b->worker_clock(0), 2);
+  EXPECT_TRUE(BitEqual(Rows(*b), at_2));
+}
+
+TEST_F(CheckpointTest, ACheckpointOfAnotherJobIsRefused) {
+  auto a = ServerCore::Create(config_, 0, store_).value();
+  Step(*a, 2, 0.3f);
+  JobConfig other = config_;
+  other.restore = "latest";
+  other.optimizer = "sgd";  // rows of another stride
+  auto b = ServerCore::Create(other, 0, store_);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("optimizer"), std::string::npos) << b.status().ToString();
+  JobConfig none = config_;
+  none.restore = dir_ + "/clock-000000000099";
+  EXPECT_FALSE(ServerCore::Create(none, 0, store_).ok());
+}
+
+}  // namespace
+}  // namespace ps
