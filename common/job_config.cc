@@ -147,6 +147,7 @@ const std::vector<Field>& Fields() {
             },
             [](const JobConfig& c) { return std::string(c.hash_features ? "true" : "false"); }},
       DoubleField("report_every_seconds", &JobConfig::report_every_seconds, 0, 3600, true),
+      DoubleField("heartbeat_timeout", &JobConfig::heartbeat_timeout, 0.1, 3600, false),
   };
   return fields;
 }

@@ -108,6 +108,9 @@ struct JobConfig {
   bool hash_features = false;
   // Seconds between a worker's training reports to the coordinator (metrics.jsonl lines).
   double report_every_seconds = 1.0;
+  // A process silent (no heartbeat) for longer is declared dead; every process sends one
+  // every heartbeat_timeout / 4 (common/heartbeat.h).
+  double heartbeat_timeout = 4.0;
 
   // Tables, filled by FromFlagMap from `model` and `tables`; ids are their indices.
   std::vector<TableSpec> table_specs;

@@ -82,7 +82,29 @@ struct Header {
     clockReply @19 :ClockReply;
     lease @20 :LeaseRequest;    # worker -> coordinator
     leaseReply @21 :LeaseReply;
+    alive @22 :Alive;           # heartbeat: any process -> coordinator, on its own connection
+    aliveReply @23 :AliveReply;
+    evict @24 :Evict;           # coordinator -> server: a worker is gone
+    evictReply @25 :Void;
+    evaluateFinal @26 :Void;    # answer to done: the barrier passed and this worker (not 0,
+                                # which died) evaluates the final model
   }
+}
+
+# A heartbeat, every --heartbeat_timeout / 4 (common/heartbeat.h).
+struct Alive {
+  role @0 :Role;
+  id @1 :Int32;
+}
+
+struct AliveReply {
+  evicted @0 :Bool;   # the coordinator declared this worker dead: it must stop
+}
+
+# The coordinator declared worker `worker` dead: drop it from the clock table (nobody waits
+# on it) and refuse its requests from now on.
+struct Evict {
+  worker @0 :Int32;
 }
 
 struct ClockReply {
@@ -96,6 +118,8 @@ struct LeaseRequest {
   completedChunk @2 :UInt64;
   examplesPerSec @3 :Float64;   # the worker's compute throughput, for --batch_size=auto
   wait @4 :Bool;                # hold the answer until there is work or the job is over
+  leave @5 :Bool;               # the worker leaves the job (SIGTERM): record the completed
+                                # chunk, return any other, answer `finished`
 }
 
 struct LeaseReply {
@@ -194,4 +218,6 @@ struct ServerStats {
   stalenessHistogram @9 :List(UInt64);  # count of applied pushes by staleness; last = overflow
   stalenessSum @10 :UInt64;
   stalenessMax @11 :UInt64;
+  pushesDuplicate @12 :UInt64;     # retried pushes answered again without applying them
+  workersEvicted @13 :UInt64;      # workers the coordinator declared dead
 }

@@ -58,6 +58,8 @@ DEFINE_uint64(seed, kDefaults.seed, "seed of initializers and data order");
 DEFINE_string(data_dir, kDefaults.data_dir, "directory of the IDX data files");
 DEFINE_double(report_every_seconds, kDefaults.report_every_seconds,
               "seconds between a worker's training reports");
+DEFINE_double(heartbeat_timeout, kDefaults.heartbeat_timeout,
+              "seconds without a heartbeat after which a worker is declared dead");
 
 // ---- this process ----
 DEFINE_string(listen, "tcp://127.0.0.1:7000", "where to listen; port * picks a free one");

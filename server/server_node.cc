@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include "common/heartbeat.h"
 #include "common/registration.h"
 
 namespace ps {
@@ -46,6 +47,15 @@ Status RunServer(const ServerOptions& options, Transport* transport,
                                                                 options.register_timeout));
   LOG(INFO) << "registered as server " << reg.id << " of " << reg.config.num_servers;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerCore> core, ServerCore::Create(reg.config, reg.id));
+  // Heartbeats from a thread of their own while serving (common/heartbeat.h).
+  HeartbeatOptions hopt;
+  hopt.coordinator = options.coordinator;
+  hopt.is_server = true;
+  hopt.id = reg.id;
+  hopt.interval = std::chrono::milliseconds(
+      std::max<int64_t>(1, static_cast<int64_t>(reg.config.heartbeat_timeout * 1000 / 4)));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<HeartbeatSender> heartbeat,
+                      HeartbeatSender::Start(transport, hopt));
   Status s = ServeUntilShutdown(*socket, *core, stop, options.poll_interval);
   ServerStats st = core->stats();
   LOG(INFO) << "server " << reg.id << " done: pushes applied " << st.pushes_applied << ", rejected "

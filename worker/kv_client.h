@@ -22,6 +22,12 @@
 // iteration) and the table shard's version of the last pull, from which the server knows
 // each gradient's staleness.
 //
+// Retries: a request part not answered within `retry_interval` is sent again with the same
+// request id (until request_timeout); servers apply a retried push once and answer it again
+// (server/recent_requests.h); pulls and clock ticks are idempotent. Request ids start at a
+// random value, so that they are unique per client even when a worker that rejoined reuses
+// a sender id.
+//
 // Thread model: all public methods are thread-safe. One internal I/O thread owns the
 // sockets (one DEALER per server); callers hand it requests through a queue and an
 // eventfd wakeup.
@@ -56,6 +62,8 @@ struct KVClientOptions {
   int32_t client_id = 0;
   // A request not answered within this time completes with DeadlineExceeded.
   std::chrono::milliseconds request_timeout{60000};
+  // A part not answered within this time is sent again, same request id (0: never).
+  std::chrono::milliseconds retry_interval{10000};
 };
 
 struct KVClientStats {
@@ -70,6 +78,7 @@ struct KVClientStats {
   uint64_t staleness_max = 0;
   double last_learning_rate = 0;
   int64_t max_clock_lag = 0;  // over pull replies
+  uint64_t retries = 0;       // request parts sent again after retry_interval
 };
 
 // What a completed request's servers said about it, beyond the data.
@@ -120,6 +129,8 @@ class KVClient {
   Status Wait(Ticket ticket, RequestInfo* info = nullptr);
 
   KVClientStats stats() const;
+  // The request id the next request part will carry (for tests).
+  uint64_t next_request_id() const { return next_request_id_.load(); }
 
  private:
   struct Part;     // one server's share of a request
@@ -152,7 +163,7 @@ class KVClient {
   int wake_fd_ = -1;
   std::thread io_thread_;
   std::atomic<bool> stopping_{false};
-  std::atomic<uint64_t> next_request_id_{1};
+  std::atomic<uint64_t> next_request_id_;  // random start (see Retries above)
   std::atomic<int64_t> clock_{0};
 
   mutable std::mutex mu_;
