@@ -379,6 +379,10 @@ class CoordinatorJob {
     }
     std::fflush(stdout);
     failures_.push_back(std::move(event));
+    if (barrier_released_ && w == final_evaluator_) {
+      return Internal("worker " + std::to_string(w) +
+                      " was lost during the final evaluation; the others have finished");
+    }
     PS_RETURN_IF_ERROR(AnswerHeldLeases());
     return MaybeReleaseBarrier();
   }
@@ -389,7 +393,7 @@ class CoordinatorJob {
     const auto now = Clock::now();
     const auto timeout = std::chrono::duration<double>(config_.heartbeat_timeout);
     for (size_t w = 0; w < workers_.size(); ++w) {
-      if (Gone(w) || results_[w].done) continue;
+      if (Gone(w) || (barrier_released_ && static_cast<int>(w) != final_evaluator_)) continue;
       if (now - workers_[w].last_seen > timeout) {
         PS_RETURN_IF_ERROR(RemoveWorker(static_cast<int>(w), true, json::object()));
       }
@@ -424,6 +428,7 @@ class CoordinatorJob {
     barrier_released_ = true;
     barrier_time_ = Clock::now();
     const int evaluator = Evaluator();
+    final_evaluator_ = evaluator;
     for (size_t i = 0; i < workers_.size(); ++i) {
       if (Gone(i)) continue;
       capnp::MallocMessageBuilder b;
@@ -925,6 +930,7 @@ class CoordinatorJob {
   json failures_ = json::array();
   json joins_ = json::array();
   bool barrier_released_ = false;
+  int final_evaluator_ = -1;
   Clock::time_point barrier_time_;
 
   // Progress, from workers' reports.
