@@ -694,7 +694,7 @@ class CoordinatorJob {
       examples_total_ += n;
       loss_sum_since_print_ += report.value("loss", 0.0) * static_cast<double>(n);
       loss_examples_since_print_ += n;
-      if (report.value("worker", -1) == 0) {
+      if (report.value("worker", -1) == Evaluator()) {  // worker 0 unless it is gone
         epoch_ = report.value("epoch", epoch_);
         epoch_fraction_ = report.value("epoch_fraction", epoch_fraction_);
       }
