@@ -34,6 +34,19 @@ TEST(RecentRequestsTest, RemembersTheLastRepliesPerWorker) {
   EXPECT_NE(r.Find(1, 7), nullptr) << "another worker's table is its own";
 }
 
+TEST(RecentRequestsTest, TheTotalOverAllWorkersIsBounded) {
+  RecentRequests r(/*capacity_per_worker=*/4, /*total_capacity=*/10);
+  for (int w = 0; w < 100; ++w) {
+    for (uint64_t id = 0; id < 3; ++id) r.Insert(w, id, "x");
+  }
+  EXPECT_EQ(r.total(), 10u);
+  EXPECT_EQ(r.Find(0, 0), nullptr) << "the oldest went first";
+  EXPECT_NE(r.Find(99, 2), nullptr) << "the newest stays";
+  for (uint64_t id = 0; id < 1000; ++id) r.Insert(5, id, "y");  // one worker's own bound
+  EXPECT_EQ(r.size(5), 4u);
+  EXPECT_LE(r.total(), 10u);
+}
+
 std::unique_ptr<ServerCore> MakeCore(const std::string& staleness) {
   JobConfig config = JobConfig::FromFlagMap({{"model", "none"},
                                              {"tables", "a:4:2:zeros"},
