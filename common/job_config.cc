@@ -159,6 +159,7 @@ const std::vector<Field>& Fields() {
       IntField("checkpoint_every", &JobConfig::checkpoint_every, 0, int64_t{1} << 40),
       StringField("checkpoint_dir", &JobConfig::checkpoint_dir),
       StringField("restore", &JobConfig::restore),
+      DoubleField("heartbeat_timeout", &JobConfig::heartbeat_timeout, 0.1, 3600, false),
   };
   return fields;
 }

@@ -121,6 +121,9 @@ struct JobConfig {
   std::string restore;
   // Seconds between a worker's training reports to the coordinator (metrics.jsonl lines).
   double report_every_seconds = 1.0;
+  // A process silent (no heartbeat) for longer is declared dead; every process sends one
+  // every heartbeat_timeout / 4 (common/heartbeat.h).
+  double heartbeat_timeout = 4.0;
 
   // ---- all-reduce groups (worker/group_comm.h) ----
   // Workers per all-reduce group, formed by worker id (ids kG..kG+G-1; the last group may be

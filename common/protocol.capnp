@@ -84,7 +84,29 @@ struct Header {
     leaseReply @21 :LeaseReply;
     status @22 :Void;           # anyone (ps_status) -> coordinator: how is the job doing?
     statusReply @23 :Report;    # the job's live status, one JSON object (see ps_status)
+    alive @24 :Alive;           # heartbeat: any process -> coordinator, on its own connection
+    aliveReply @25 :AliveReply;
+    evict @26 :Evict;           # coordinator -> server: a worker is gone
+    evictReply @27 :Void;
+    evaluateFinal @28 :Void;    # answer to done: the barrier passed and this worker (not 0,
+                                # which died) evaluates the final model
   }
+}
+
+# A heartbeat, every --heartbeat_timeout / 4 (common/heartbeat.h).
+struct Alive {
+  role @0 :Role;
+  id @1 :Int32;
+}
+
+struct AliveReply {
+  evicted @0 :Bool;   # the coordinator declared this worker dead: it must stop
+}
+
+# The coordinator declared worker `worker` dead: drop it from the clock table (nobody waits
+# on it) and refuse its requests from now on.
+struct Evict {
+  worker @0 :Int32;
 }
 
 struct ClockReply {
@@ -98,6 +120,8 @@ struct LeaseRequest {
   completedChunk @2 :UInt64;
   examplesPerSec @3 :Float64;   # the worker's compute throughput, for --batch_size=auto
   wait @4 :Bool;                # hold the answer until there is work or the job is over
+  leave @5 :Bool;               # the worker leaves the job (SIGTERM): record the completed
+                                # chunk, return any other, answer `finished`
 }
 
 struct LeaseReply {
@@ -215,4 +239,6 @@ struct ServerStats {
   spillBytesRead @16 :UInt64;
   spillBytesWritten @17 :UInt64;
   peakRssBytes @18 :UInt64;        # the server process's VmHWM
+  pushesDuplicate @19 :UInt64;     # retried pushes answered again without applying them
+  workersEvicted @20 :UInt64;      # workers the coordinator declared dead
 }

@@ -4,6 +4,7 @@
 #   scripts/launch_local.sh [FLAGFILE] [--servers N] [--workers N] [--run_dir DIR]
 #                           [--device DEV] [--slow_worker I:F] [--metrics_port P]
 #                           [--no_build] [-- extra job flags]
+#   scripts/launch_local.sh --join RUN_DIR [--device DEV] [-- extra ps_worker flags]
 #
 # FLAGFILE defaults to configs/fashion_mnist_mlp.flags. Extra job flags after `--` go to
 # the coordinator, which hands them to every process (e.g. -- --epochs=1 --base_lr=0.05).
@@ -12,8 +13,12 @@
 # server i on P+1+i, worker i on P+1+SERVERS+i (default 0: off).
 # Installs missing packages and builds first unless --no_build. Progress goes to the
 # console; every process's log, metrics.jsonl and summary.json go to the run directory.
-# Returns the job's exit status; stops every process it started when one fails, on
-# Ctrl-C and on exit.
+# Returns the job's exit status; stops every process it started when the coordinator or a
+# server fails, on Ctrl-C and on exit. A worker that dies does not stop the job: the
+# coordinator notices (heartbeats), hands its data to the others and goes on.
+# --join RUN_DIR adds one worker to the job running in RUN_DIR (it reads the coordinator's
+# endpoint there) and returns that worker's exit status; its log is
+# RUN_DIR/logs/worker-join-<time>.log.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -25,6 +30,7 @@ device="cpu"
 slow_worker=""
 metrics_port=0
 build=1
+join_dir=""
 extra=()
 usage() { sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
@@ -36,6 +42,7 @@ while [ $# -gt 0 ]; do
     --slow_worker) slow_worker="$2"; shift 2 ;;
     --metrics_port) metrics_port="$2"; shift 2 ;;
     --no_build) build=0; shift ;;
+    --join) join_dir="$2"; shift 2 ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     -*) echo "launch_local.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -63,6 +70,18 @@ if [ -n "$slow_worker" ]; then
   if [ "$slow_index" -ge "$workers" ]; then
     echo "launch_local.sh: --slow_worker $slow_worker names worker $slow_index, but there are $workers (0-based)" >&2; exit 2
   fi
+fi
+if [ -n "$join_dir" ]; then
+  bin="${PS_BIN_DIR:-$root/build/bin}"
+  [ -x "$bin/ps_worker" ] || { echo "launch_local.sh: $bin/ps_worker is missing: build first" >&2; exit 1; }
+  [ -s "$join_dir/coordinator.endpoint" ] || {
+    echo "launch_local.sh: no running job in '$join_dir' (no coordinator.endpoint)" >&2; exit 2; }
+  endpoint="$(cat "$join_dir/coordinator.endpoint")"
+  mkdir -p "$join_dir/logs"
+  log="$join_dir/logs/worker-join-$(date +%Y%m%d-%H%M%S)-$$.log"
+  echo "joining the job at $endpoint (log: $log)"
+  export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
+  exec "$bin/ps_worker" --coordinator="$endpoint" --device="$device" "${extra[@]}" >"$log" 2>&1
 fi
 [ -f "$flagfile" ] || { echo "launch_local.sh: flagfile '$flagfile' not found" >&2; exit 2; }
 flagfile="$(cd "$(dirname "$flagfile")" && pwd)/$(basename "$flagfile")"
@@ -164,6 +183,11 @@ while true; do
   if [ "$finished" = "$coord" ]; then
     rc=$status
     break
+  fi
+  if [ "$status" -ne 0 ] && [[ "$name" == worker-* ]]; then
+    # The coordinator declares it dead and gives its data to the others.
+    echo "launch_local.sh: $name exited with status $status; the job goes on without it" >&2
+    continue
   fi
   if [ "$status" -ne 0 ]; then
     echo "launch_local.sh: $name exited with status $status; stopping the job (log: $run_dir/logs/$name.log)" >&2

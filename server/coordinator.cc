@@ -33,6 +33,12 @@ struct Member {
   int requested_id = -1;
   std::string group;         // workers: --group=NAME
   std::string group_formed;  // workers: the all-reduce group they are in ("" for none)
+  // Failures: when the coordinator last heard from it, and whether it is gone.
+  Clock::time_point last_seen;
+  bool dead = false;             // declared dead (silent past --heartbeat_timeout)
+  bool left = false;             // left the job (SIGTERM)
+  bool joined = false;           // joined the running job
+  bool silent_reported = false;  // servers: a silence already listed in failures
 };
 
 // "cpu: 2 threads" -> "cpu", "NVIDIA H200 (cuda:0)" -> "cuda": what a group may not mix.
@@ -291,42 +297,13 @@ class CoordinatorJob {
         workers_[groups[g].ids[r]].group_formed = groups[g].name;
       }
     }
-    std::map<std::string, std::string> flags = config_.ToFlagMap();
-    auto reply_to = [&](const Member& m, uint32_t id, bool worker) -> Status {
-      capnp::MallocMessageBuilder b;
-      auto r = NewHeader(b, m.register_request, -1).getBody().initRegisterReply();
-      r.setId(id);
-      auto cfg = r.initConfig(static_cast<unsigned>(flags.size()));
-      unsigned i = 0;
-      for (const auto& [k, v] : flags) {
-        cfg[i].setKey(k);
-        cfg[i].setValue(v);
-        ++i;
-      }
-      auto map = r.initShardMap();
-      map.setVersion(1);
-      auto list = map.initServers(static_cast<unsigned>(servers_.size()));
-      for (unsigned s = 0; s < servers_.size(); ++s) {
-        list[s].setId(s);
-        list[s].setEndpoint(servers_[s].endpoint);
-      }
-      if (worker && group_of[id].first >= 0) {
-        const GroupPlan& plan = groups[static_cast<size_t>(group_of[id].first)];
-        auto g = r.initGroup();
-        g.setName(plan.name);
-        g.setRank(static_cast<uint32_t>(group_of[id].second));
-        g.setSize(static_cast<uint32_t>(plan.ids.size()));
-        g.setLeaderEndpoint(plan.endpoint);
-        auto ids = g.initMemberIds(static_cast<unsigned>(plan.ids.size()));
-        for (unsigned k = 0; k < plan.ids.size(); ++k) ids.set(k, plan.ids[k]);
-      }
-      return Send(m.peer, b);
-    };
     for (uint32_t i = 0; i < servers_.size(); ++i) {
-      PS_RETURN_IF_ERROR(reply_to(servers_[i], i, false));
+      PS_RETURN_IF_ERROR(ReplyRegistration(servers_[i], i));
     }
     for (uint32_t i = 0; i < workers_.size(); ++i) {
-      PS_RETURN_IF_ERROR(reply_to(workers_[i], i, true));
+      const GroupPlan* plan =
+          group_of[i].first >= 0 ? &groups[static_cast<size_t>(group_of[i].first)] : nullptr;
+      PS_RETURN_IF_ERROR(ReplyRegistration(workers_[i], i, plan, group_of[i].second));
     }
     results_.resize(workers_.size());
     rates_.assign(workers_.size(), 0.0);
@@ -351,9 +328,235 @@ class CoordinatorJob {
       }
     }
     train_start_ = Clock::now();
+    for (auto* group : {&servers_, &workers_}) {
+      for (Member& m : *group) m.last_seen = train_start_;
+    }
     std::printf("job assembled: %d servers, %d workers; training %d epochs\n", config_.num_servers,
                 config_.num_workers, config_.epochs);
     std::fflush(stdout);
+    return Status::Ok();
+  }
+
+  // Answers a registration: the id, the job config and the shard map.
+  // `plan`: the all-reduce group a worker is in, with its `rank` there; null for none.
+  Status ReplyRegistration(const Member& m, uint32_t id, const GroupPlan* plan = nullptr,
+                           int rank = 0) {
+    std::map<std::string, std::string> flags = config_.ToFlagMap();
+    capnp::MallocMessageBuilder b;
+    auto r = NewHeader(b, m.register_request, -1).getBody().initRegisterReply();
+    r.setId(id);
+    auto cfg = r.initConfig(static_cast<unsigned>(flags.size()));
+    unsigned i = 0;
+    for (const auto& [k, v] : flags) {
+      cfg[i].setKey(k);
+      cfg[i].setValue(v);
+      ++i;
+    }
+    auto map = r.initShardMap();
+    map.setVersion(1);
+    auto list = map.initServers(static_cast<unsigned>(servers_.size()));
+    for (unsigned s = 0; s < servers_.size(); ++s) {
+      list[s].setId(s);
+      list[s].setEndpoint(servers_[s].endpoint);
+    }
+    if (plan != nullptr) {
+      auto g = r.initGroup();
+      g.setName(plan->name);
+      g.setRank(static_cast<uint32_t>(rank));
+      g.setSize(static_cast<uint32_t>(plan->ids.size()));
+      g.setLeaderEndpoint(plan->endpoint);
+      auto ids = g.initMemberIds(static_cast<unsigned>(plan->ids.size()));
+      for (unsigned k = 0; k < plan->ids.size(); ++k) ids.set(k, plan->ids[k]);
+    }
+    return Send(m.peer, b);
+  }
+
+  bool Gone(size_t w) const { return workers_[w].dead || workers_[w].left; }
+
+  // The worker that evaluates the model: the lowest live one (worker 0 unless it is gone).
+  int Evaluator() const {
+    for (size_t w = 0; w < workers_.size(); ++w) {
+      if (!Gone(w)) return static_cast<int>(w);
+    }
+    return -1;
+  }
+
+  // A worker joins the running job: the next id, the config and the shard map. Its
+  // parameters come from the servers with its first pull; it enters the clock table at
+  // the slowest live clock (ServerCore) and leases data like the others.
+  Status OnJoin(const std::string& peer, uint64_t rid, wire::Register::Reader reg) {
+    if (reg.getRole() != wire::Role::WORKER) {
+      ReplyError(peer, rid,
+                 FailedPrecondition("the job is running: only workers may join it (a server "
+                                    "cannot be added or replaced)"));
+      return Status::Ok();
+    }
+    if (final_eval_ || barrier_released_) {
+      ReplyError(peer, rid, FailedPrecondition("the job is finishing: nothing left to train"));
+      return Status::Ok();
+    }
+    Member m;
+    m.peer = peer;
+    m.device = reg.getDevice().cStr();
+    m.host = reg.getHost().cStr();
+    m.pid = reg.getPid();
+    m.register_request = rid;
+    m.joined = true;
+    m.last_seen = Clock::now();
+    const uint32_t id = static_cast<uint32_t>(workers_.size());
+    workers_.push_back(m);
+    results_.emplace_back();
+    rates_.push_back(0.0);
+    LOG(INFO) << "worker " << id << " joined: " << m.device << " (pid " << m.pid << " on " << m.host
+              << ")";
+    std::printf("worker %u joined (pid %u on %s)  %.1fs\n", id, m.pid, m.host.c_str(), Elapsed());
+    std::fflush(stdout);
+    joins_.push_back({{"worker", id}, {"pid", m.pid}, {"host", m.host}, {"time", Elapsed()}});
+    return ReplyRegistration(workers_.back(), id);
+  }
+
+  // A heartbeat (common/heartbeat.h), on the sender's own connection.
+  Status OnAlive(const std::string& peer, uint64_t rid, wire::Alive::Reader alive) {
+    const int id = alive.getId();
+    bool evicted = false;
+    auto* group = alive.getRole() == wire::Role::SERVER ? &servers_ : &workers_;
+    if (id >= 0 && static_cast<size_t>(id) < group->size()) {
+      Member& m = (*group)[static_cast<size_t>(id)];
+      evicted = m.dead || m.left;
+      if (!evicted) m.last_seen = Clock::now();
+    }
+    capnp::MallocMessageBuilder b;
+    NewHeader(b, rid, -1).getBody().initAliveReply().setEvicted(evicted);
+    return Send(peer, b);
+  }
+
+  // Tells every server that worker `w` is gone: it leaves their clock tables and its later
+  // requests are refused.
+  void EvictOnServers(int w) {
+    if (server_sockets_.size() < servers_.size()) server_sockets_.resize(servers_.size());
+    for (size_t s = 0; s < servers_.size(); ++s) {
+      if (!server_sockets_[s]) {
+        Result<std::unique_ptr<ClientSocket>> sock = transport_->Connect(servers_[s].endpoint);
+        if (!sock.ok()) {
+          LOG(ERROR) << "cannot reach server " << s << ": " << sock.status().ToString();
+          continue;
+        }
+        server_sockets_[s] = std::move(sock).value();
+      }
+      capnp::MallocMessageBuilder b;
+      NewHeader(b, ++evict_request_, -1).getBody().initEvict().setWorker(w);
+      Frames f;
+      f.push_back(EncodeFrame(b));
+      Result<CallReply> reply = Call(*server_sockets_[s], std::move(f), options_.evict_timeout);
+      if (!reply.ok()) {
+        LOG(ERROR) << "server " << s << " did not confirm the eviction of worker " << w << ": "
+                   << reply.status().ToString();
+        // A late reply on this socket would confuse the next call: start afresh.
+        server_sockets_[s].reset();
+      }
+    }
+  }
+
+  // Worker `w` is gone (dead: silent too long; or left on SIGTERM): its leases go back to
+  // the queue, the servers drop it, and the event is listed in summary.json.
+  Status RemoveWorker(int w, bool dead, json event) {
+    Member& m = workers_[static_cast<size_t>(w)];
+    const double silent = std::chrono::duration<double>(Clock::now() - m.last_seen).count();
+    (dead ? m.dead : m.left) = true;
+    const int returned = leases_.Release(w);
+    for (auto it = held_leases_.begin(); it != held_leases_.end();) {
+      it = it->worker == w ? held_leases_.erase(it) : it + 1;
+    }
+    EvictOnServers(w);
+    event["kind"] = dead ? "worker_lost" : "worker_left";
+    event["process"] = "worker-" + std::to_string(w);
+    event["worker"] = w;
+    event["pid"] = m.pid;
+    event["host"] = m.host;
+    event["time"] = Elapsed();
+    // Wall-clock time of the detection, so that a test can measure it from the kill.
+    event["unix_time"] =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    if (dead) event["silent_seconds"] = silent;
+    event["leases_returned"] = returned;
+    event["recovered"] = std::to_string(returned) +
+                         " data leases back to the queue; removed from the servers' clock tables";
+    LOG(WARNING) << "worker " << w << (dead ? " declared dead" : " left") << ": " << event.dump();
+    if (dead) {
+      std::printf("worker %d lost: silent for %.1f s; %d leases back to the queue  %.1fs\n", w,
+                  silent, returned, Elapsed());
+    } else {
+      std::printf("worker %d left; %d leases back to the queue  %.1fs\n", w, returned, Elapsed());
+    }
+    std::fflush(stdout);
+    failures_.push_back(std::move(event));
+    if (barrier_released_ && w == final_evaluator_) {
+      return Internal("worker " + std::to_string(w) +
+                      " was lost during the final evaluation; the others have finished");
+    }
+    PS_RETURN_IF_ERROR(AnswerHeldLeases());
+    return MaybeReleaseBarrier();
+  }
+
+  // Declares dead every live worker silent for longer than --heartbeat_timeout; lists
+  // silent servers (a server cannot be replaced: the job then fails on its own).
+  Status CheckHeartbeats() {
+    const auto now = Clock::now();
+    const auto timeout = std::chrono::duration<double>(config_.heartbeat_timeout);
+    for (size_t w = 0; w < workers_.size(); ++w) {
+      if (Gone(w) || (barrier_released_ && static_cast<int>(w) != final_evaluator_)) continue;
+      if (now - workers_[w].last_seen > timeout) {
+        PS_RETURN_IF_ERROR(RemoveWorker(static_cast<int>(w), true, json::object()));
+      }
+    }
+    for (size_t s = 0; s < servers_.size(); ++s) {
+      Member& m = servers_[s];
+      if (m.silent_reported || now - m.last_seen <= timeout) continue;
+      m.silent_reported = true;
+      LOG(ERROR) << "server " << s << " is silent (no heartbeat for " << config_.heartbeat_timeout
+                 << " s)";
+      failures_.push_back({{"kind", "server_silent"},
+                           {"process", "server-" + std::to_string(s)},
+                           {"pid", m.pid},
+                           {"time", Elapsed()},
+                           {"recovered", "nothing: server failover is not implemented"}});
+    }
+    return Status::Ok();
+  }
+
+  // Once every live worker is done: answers their `done` (the barrier before the final
+  // evaluation). The evaluator is worker 0, or the lowest live worker when 0 is gone: that
+  // one gets `evaluateFinal` instead of `doneReply`.
+  Status MaybeReleaseBarrier() {
+    if (barrier_released_) return Status::Ok();
+    bool any = false;
+    for (size_t w = 0; w < workers_.size(); ++w) {
+      if (Gone(w)) continue;
+      if (!results_[w].done) return Status::Ok();
+      any = true;
+    }
+    if (!any) return Status::Ok();  // everyone is gone: wait for a worker to join
+    barrier_released_ = true;
+    barrier_time_ = Clock::now();
+    const int evaluator = Evaluator();
+    final_evaluator_ = evaluator;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      if (Gone(i)) continue;
+      capnp::MallocMessageBuilder b;
+      auto body = NewHeader(b, results_[i].done_request, -1).getBody();
+      if (static_cast<int>(i) == evaluator && evaluator != 0) {
+        body.setEvaluateFinal();
+      } else {
+        body.setDoneReply();
+      }
+      Status s = Send(workers_[i].peer, b);
+      if (!s.ok()) LOG(WARNING) << "worker " << i << ": " << s.ToString();
+    }
+    if (results_[static_cast<size_t>(evaluator)].failed) {
+      return Internal("worker " + std::to_string(evaluator) +
+                      " failed, so there is no final evaluation: " +
+                      results_[static_cast<size_t>(evaluator)].message);
+    }
     return Status::Ok();
   }
 
@@ -509,11 +712,10 @@ class CoordinatorJob {
   }
 
   Status Train(const std::atomic<bool>& stop) {
-    bool barrier_released = false;
-    Clock::time_point barrier_time;
     while (!final_eval_) {
       if (stop.load()) return Aborted("coordinator stopped by signal");
-      if (barrier_released && Clock::now() - barrier_time > options_.final_eval_timeout) {
+      PS_RETURN_IF_ERROR(CheckHeartbeats());
+      if (barrier_released_ && Clock::now() - barrier_time_ > options_.final_eval_timeout) {
         return DeadlineExceeded("worker 0 sent no final evaluation within " +
                                 std::to_string(options_.final_eval_timeout.count()) + " ms");
       }
@@ -528,11 +730,12 @@ class CoordinatorJob {
       try {
         auto header = h->get();
         uint64_t rid = header.getRequestId();
-        if (header.getBody().which() == wire::Header::Body::STATUS) {
+        const auto which = header.getBody().which();
+        if (which == wire::Header::Body::STATUS) {
           ReplyStatus(in->peer, rid);
           continue;
         }
-        if (w < 0 && header.getBody().which() == wire::Header::Body::REPORT) {
+        if (w < 0 && which == wire::Header::Body::REPORT) {
           if (int srv = ServerIndex(in->peer); srv >= 0) {
             OnServerReport(srv, header.getBody().getReport().getJson().cStr());
             capnp::MallocMessageBuilder b;
@@ -543,6 +746,24 @@ class CoordinatorJob {
             continue;
           }
         }
+        if (which == wire::Header::Body::ALIVE) {
+          PS_RETURN_IF_ERROR(OnAlive(in->peer, rid, header.getBody().getAlive()));
+          continue;
+        }
+        if (w < 0 && which == wire::Header::Body::REGISTER) {
+          PS_RETURN_IF_ERROR(OnJoin(in->peer, rid, header.getBody().getRegister()));
+          continue;
+        }
+        if (w >= 0 && Gone(static_cast<size_t>(w))) {
+          ReplyError(in->peer, rid,
+                     FailedPrecondition("worker " + std::to_string(w) +
+                                        (workers_[static_cast<size_t>(w)].dead
+                                             ? " was declared dead (silent for more than "
+                                               "--heartbeat_timeout); its work went to others"
+                                             : " has left the job")));
+          continue;
+        }
+        if (w >= 0) workers_[static_cast<size_t>(w)].last_seen = Clock::now();
         if (w < 0) {
           ReplyError(in->peer, rid,
                      FailedPrecondition("the job is running and full; this peer "
@@ -594,22 +815,13 @@ class CoordinatorJob {
                 PS_RETURN_IF_ERROR(AnswerHeldLeases());
               }
             }
-            bool all_done = true;
-            for (const WorkerResult& x : results_) all_done &= x.done;
-            if (all_done && !barrier_released) {
-              barrier_released = true;
-              barrier_time = Clock::now();
-              for (size_t i = 0; i < workers_.size(); ++i) {
-                capnp::MallocMessageBuilder b;
-                NewHeader(b, results_[i].done_request, -1).getBody().setDoneReply();
-                Status s = Send(workers_[i].peer, b);
-                if (!s.ok()) LOG(WARNING) << "worker " << i << ": " << s.ToString();
-              }
-              if (results_[0].failed) {
-                return Internal("worker 0 failed, so there is no final evaluation: " +
-                                results_[0].message);
-              }
+            if (barrier_released_) {
+              // A worker that joined late and found nothing left to train.
+              capnp::MallocMessageBuilder b;
+              NewHeader(b, rid, -1).getBody().setDoneReply();
+              PS_RETURN_IF_ERROR(Send(in->peer, b));
             }
+            PS_RETURN_IF_ERROR(MaybeReleaseBarrier());
             break;
           }
           case wire::Header::Body::HEARTBEAT: {
@@ -658,6 +870,15 @@ class CoordinatorJob {
       }
     }
     if (req.getExamplesPerSec() > 0) rates_[static_cast<size_t>(w)] = req.getExamplesPerSec();
+    if (req.getLeave()) {
+      // The worker leaves (SIGTERM); it flushed its pushes and left the clock tables.
+      capnp::MallocMessageBuilder b;
+      auto reply = NewHeader(b, rid, -1).getBody().initLeaseReply();
+      reply.setFinished();
+      PS_RETURN_IF_ERROR(Send(peer, b));
+      json event = {{"completed_chunk_before_leaving", req.getCompletedEpoch() > 0}};
+      return RemoveWorker(w, false, event);
+    }
     held_leases_.push_back(HeldLease{peer, rid, w, req.getWait()});
     return AnswerHeldLeases();
   }
@@ -669,7 +890,7 @@ class CoordinatorJob {
       capnp::MallocMessageBuilder b;
       auto reply = NewHeader(b, it->request_id, -1).getBody().initLeaseReply();
       reply.setBatchSize(BatchSizeFor(it->worker));
-      if (it->worker == 0 && !evaluations_.empty()) {
+      if (it->worker == Evaluator() && !evaluations_.empty()) {
         reply.setEvaluateEpoch(evaluations_.front());
         evaluations_.erase(evaluations_.begin());
       }
@@ -700,14 +921,17 @@ class CoordinatorJob {
     if (!config_.auto_batch) return static_cast<uint32_t>(base);
     double sum = 0;
     int known = 0;
-    for (double r : rates_) {
-      if (r > 0) {
-        sum += r;
+    int live = 0;
+    for (size_t i = 0; i < rates_.size(); ++i) {
+      if (Gone(i)) continue;
+      ++live;
+      if (rates_[i] > 0) {
+        sum += rates_[i];
         ++known;
       }
     }
     const double mine = rates_[static_cast<size_t>(w)];
-    if (known < static_cast<int>(rates_.size()) || mine <= 0 || sum <= 0) {
+    if (known < live || mine <= 0 || sum <= 0) {
       return static_cast<uint32_t>(base);
     }
     const double b = base * known * mine / sum;
@@ -752,7 +976,7 @@ class CoordinatorJob {
       examples_total_ += n;
       loss_sum_since_print_ += report.value("loss", 0.0) * static_cast<double>(n);
       loss_examples_since_print_ += n;
-      if (report.value("worker", -1) == 0) {
+      if (report.value("worker", -1) == Evaluator()) {  // worker 0 unless it is gone
         metrics_epoch_.Set(report.value("epoch", epoch_));
         epoch_ = report.value("epoch", epoch_);
         epoch_fraction_ = report.value("epoch_fraction", epoch_fraction_);
@@ -854,6 +1078,8 @@ class CoordinatorJob {
         entry["spill_bytes_read"] = st.getSpillBytesRead();
         entry["spill_bytes_written"] = st.getSpillBytesWritten();
         entry["peak_rss_bytes"] = st.getPeakRssBytes();
+        entry["pushes_duplicate"] = st.getPushesDuplicate();
+        entry["workers_evicted"] = st.getWorkersEvicted();
         json hist = json::array();
         for (uint64_t c : st.getStalenessHistogram()) hist.push_back(c);
         entry["staleness_histogram"] = hist;
@@ -899,7 +1125,12 @@ class CoordinatorJob {
                          {"batch_size", t.value("batch_size", 0)},
                          {"examples_per_sec", secs > 0 ? n / secs : 0.0},
                          {"failed", i < results_.size() && results_[i].failed},
-                         {"group", workers_[i].group_formed}});
+                         {"group", workers_[i].group_formed},
+                         {"state", workers_[i].dead   ? "lost"
+                                   : workers_[i].left ? "left"
+                                                      : "finished"},
+                         {"joined", workers_[i].joined},
+                         {"pushes_lost", t.value("pushes_lost", uint64_t{0})}});
     }
     summary["examples"] = examples;
     summary["examples_per_epoch"] = leases_.examples_per_epoch();
@@ -973,6 +1204,17 @@ class CoordinatorJob {
       summary["max_server_peak_rss_bytes"] = rss;
     }
     summary["workers"] = workers;
+    // Failures survived: workers lost (silent past --heartbeat_timeout) or gone on SIGTERM,
+    // what was recovered; workers that joined. pushes_lost: pushes a worker gave up on
+    // (not acknowledged after its retries); acknowledged pushes are never lost.
+    summary["failures"] = failures_;
+    summary["joins"] = joins_;
+    summary["heartbeat_timeout"] = config_.heartbeat_timeout;
+    uint64_t lost = 0, duplicate = 0;
+    for (const json& w : workers) lost += w.value("pushes_lost", uint64_t{0});
+    for (const json& s : servers) duplicate += s.value("pushes_duplicate", uint64_t{0});
+    summary["pushes_lost"] = lost;
+    summary["pushes_duplicate"] = duplicate;
     summary["servers"] = servers;
     summary["config"] = config_.ToFlagMap();
     std::string path = options_.run_dir + "/summary.json";
@@ -1024,6 +1266,15 @@ class CoordinatorJob {
   std::vector<HeldLease> held_leases_;
   std::vector<double> rates_;     // workers' compute throughput, examples/s
   std::vector<int> evaluations_;  // epochs worker 0 should evaluate
+
+  // Failures and joins.
+  std::vector<std::unique_ptr<ClientSocket>> server_sockets_;  // for evictions, by server id
+  uint64_t evict_request_ = 0;
+  json failures_ = json::array();
+  json joins_ = json::array();
+  bool barrier_released_ = false;
+  int final_evaluator_ = -1;
+  Clock::time_point barrier_time_;
 
   // Progress, from workers' reports.
   uint64_t examples_total_ = 0;

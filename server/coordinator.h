@@ -7,6 +7,14 @@
 // worker 0's final evaluation sees the final model. (4) After the final evaluation the
 // coordinator shuts the servers down, collects their counters and writes summary.json.
 //
+// Failures: every process sends a heartbeat (common/heartbeat.h). A worker silent for
+// longer than the job's --heartbeat_timeout is declared dead: its data leases go back to
+// the queue, every server drops it from its clock table and refuses its later requests,
+// and summary.json lists the event under `failures`. A worker that gets SIGTERM returns
+// its lease and says it leaves (the same, without the wait). A worker may join the running
+// job at any time: it gets the next id, the config and the shard map, and leases data.
+// The evaluator is worker 0, or the lowest live worker once 0 is gone.
+//
 // Thread model: one thread (the caller of Run) owns the socket and all state.
 #pragma once
 
@@ -37,7 +45,9 @@ struct CoordinatorOptions {
   std::chrono::milliseconds final_eval_timeout{600000};
   // Seconds between progress lines on stdout while training (0: only per epoch).
   double progress_every_seconds = 5;
-  // How often the loop looks at `stop` while idle.
+  // How long a server may take to confirm that it evicted a dead worker.
+  std::chrono::milliseconds evict_timeout{5000};
+  // How often the loop looks at `stop` (and at heartbeats) while idle.
   std::chrono::milliseconds poll_interval{200};
   // Where the Prometheus metrics go (common/metrics.h); nullptr: none. Borrowed.
   Metrics* metrics = nullptr;

@@ -73,6 +73,8 @@ DEFINE_string(checkpoint_dir, kDefaults.checkpoint_dir,
 DEFINE_string(
     restore, kDefaults.restore,
     "servers start from a checkpoint: latest (in --checkpoint_dir) or a clock-C directory");
+DEFINE_double(heartbeat_timeout, kDefaults.heartbeat_timeout,
+              "seconds without a heartbeat after which a worker is declared dead");
 
 // ---- this process ----
 DEFINE_string(listen, "tcp://127.0.0.1:7000", "where to listen; port * picks a free one");

@@ -109,7 +109,8 @@ ServerCore::ServerCore(const JobConfig& config, int server_id, std::unique_ptr<O
       lr_policy_(lr_policy),
       shard_version_(config.table_specs.size(), 0),
       clocks_(static_cast<size_t>(config.num_workers), 0),
-      left_(static_cast<size_t>(config.num_workers), false) {
+      left_(static_cast<size_t>(config.num_workers), false),
+      evicted_(static_cast<size_t>(config.num_workers), false) {
   stats_.staleness_histogram.assign(kStalenessBuckets, 0);
 }
 
@@ -328,6 +329,26 @@ Status ServerCore::CheckClock(int64_t clock, const char* what) {
   return Status::Ok();
 }
 
+Status ServerCore::CheckWorker(int worker, const char* what) {
+  if (worker < 0 || worker >= kMaxWorkers) {
+    return InvalidArgument(std::string(what) + " from sender " + std::to_string(worker) +
+                           ", which is not a worker id (expected 0.." +
+                           std::to_string(kMaxWorkers - 1) + ")");
+  }
+  const size_t w = static_cast<size_t>(worker);
+  if (w >= clocks_.size()) {
+    // A worker that joined the running job: out of the clock table until its first tick.
+    clocks_.resize(w + 1, 0);
+    left_.resize(w + 1, true);
+    evicted_.resize(w + 1, false);
+  }
+  if (evicted_[w]) {
+    return FailedPrecondition(std::string(what) + " from worker " + std::to_string(worker) +
+                              ", which the coordinator declared dead: its requests are refused");
+  }
+  return Status::Ok();
+}
+
 int64_t ServerCore::MinLiveClock(int* slowest) const {
   int64_t min = INT64_MAX;
   for (size_t w = 0; w < clocks_.size(); ++w) {
@@ -493,12 +514,10 @@ Result<Frames> ServerCore::HandlePull(const std::string& peer, DecodedHeader& de
   const int worker = h.getSenderId();
   const int64_t clock = pull.getClock();
   PS_RETURN_IF_ERROR(CheckClock(clock, "pull"));
+  if (worker >= 0 || (table_id < tables_.size() && table_staleness_[table_id] >= 0)) {
+    PS_RETURN_IF_ERROR(CheckWorker(worker, "pull"));
+  }
   if (table_id < tables_.size() && table_staleness_[table_id] >= 0) {
-    if (worker < 0 || worker >= config_.num_workers) {
-      return InvalidArgument("pull from sender " + std::to_string(worker) +
-                             ", which is not a worker of this job (ids 0.." +
-                             std::to_string(config_.num_workers - 1) + ")");
-    }
     const int64_t needed = clock - table_staleness_[table_id];
     if (MinLiveClock() < needed) {
       // Check the request now, so that a bad one is refused at once rather than held.
@@ -557,10 +576,7 @@ void ServerCore::ExpireHeldPulls(Clock::time_point now, std::vector<Outgoing>* o
 
 Result<Frames> ServerCore::HandleClock(wire::Header::Reader h, std::vector<Outgoing>* out) {
   const int worker = h.getSenderId();
-  if (worker < 0 || worker >= config_.num_workers) {
-    return InvalidArgument("clock tick from sender " + std::to_string(worker) +
-                           ", which is not a worker of this job");
-  }
+  PS_RETURN_IF_ERROR(CheckWorker(worker, "clock tick"));
   auto tick = h.getBody().getClock();
   const size_t w = static_cast<size_t>(worker);
   if (tick.getLeave()) {
@@ -601,6 +617,32 @@ Result<Frames> ServerCore::HandleClock(wire::Header::Reader h, std::vector<Outgo
   return reply;
 }
 
+Result<Frames> ServerCore::HandleEvict(wire::Header::Reader h, std::vector<Outgoing>* out) {
+  const int worker = h.getBody().getEvict().getWorker();
+  Status known = CheckWorker(worker, "evict");
+  if (!known.ok() && known.code() != StatusCode::kFailedPrecondition) return known;
+  const size_t w = static_cast<size_t>(worker);
+  if (!evicted_[w]) ++stats_.workers_evicted;
+  evicted_[w] = true;
+  left_[w] = true;
+  // Its own held pulls will never be read; the others may now pass.
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->worker != worker) {
+      ++it;
+      continue;
+    }
+    out->push_back(Outgoing{it->peer, ErrorReply(it->header.get().getRequestId(), server_id_,
+                                                 FailedPrecondition("worker evicted"))});
+    it = held_.erase(it);
+  }
+  ReleaseHeldPulls(out);
+  capnp::MallocMessageBuilder b;
+  NewHeader(b, h.getRequestId(), server_id_).getBody().setEvictReply();
+  Frames reply;
+  reply.push_back(EncodeFrame(b));
+  return reply;
+}
+
 Frames ServerCore::ShutdownReply(uint64_t request_id) {
   capnp::MallocMessageBuilder b;
   auto s = NewHeader(b, request_id, server_id_).getBody().initShutdownReply();
@@ -623,6 +665,8 @@ Frames ServerCore::ShutdownReply(uint64_t request_id) {
   s.setSpillBytesRead(st.spill_bytes_read);
   s.setSpillBytesWritten(st.spill_bytes_written);
   s.setPeakRssBytes(st.peak_rss_bytes);
+  s.setPushesDuplicate(st.pushes_duplicate);
+  s.setWorkersEvicted(st.workers_evicted);
   // Send the histogram up to its last non-empty bucket.
   size_t n = st.staleness_histogram.size();
   while (n > 0 && st.staleness_histogram[n - 1] == 0) --n;
@@ -653,10 +697,43 @@ void ServerCore::Handle(const std::string& peer, Frames& request, std::vector<Ou
     if (!version.ok()) return reply_error(request_id, version);
     Result<Frames> reply = Internal("no reply");
     switch (h.getBody().which()) {
-      case wire::Header::Body::PUSH:
+      case wire::Header::Body::PUSH: {
         is_push = true;
+        const int worker = h.getSenderId();
+        // Pushes from outside the job's workers (tests, tools: sender -1) are not tracked.
+        if (worker >= 0) {
+          Status known = CheckWorker(worker, "push");
+          if (!known.ok()) {
+            reply = known;
+            break;
+          }
+          if (const std::string* first = recent_pushes_.Find(worker, request_id)) {
+            // A retry of a push applied already: the same answer, applied once.
+            ++stats_.pushes_duplicate;
+            Frames again;
+            again.push_back(CopyFrame(first->data(), first->size()));
+            reply = std::move(again);
+            break;
+          }
+        }
         reply = HandlePush(h, request);
+        if (reply.ok() && worker >= 0) {
+          const zmq::message_t& f = reply->front();
+          recent_pushes_.Insert(worker, request_id,
+                                std::string(static_cast<const char*>(f.data()), f.size()));
+        }
         break;
+      }
+      case wire::Header::Body::EVICT: {
+        std::vector<Outgoing> released;
+        reply = HandleEvict(h, &released);
+        if (reply.ok()) {
+          out->push_back(Outgoing{peer, std::move(reply).value()});
+          for (Outgoing& o : released) out->push_back(std::move(o));
+          return;
+        }
+        break;
+      }
       case wire::Header::Body::PULL:
         reply = HandlePull(peer, decoded.value(), request);
         if (reply.ok() && reply->empty()) return;  // held by the staleness bound

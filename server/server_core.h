@@ -19,6 +19,14 @@
 // the difference is the gradient's staleness (exactly the row's version difference for
 // dense tables, where every push covers the shard; an upper bound for sparse tables).
 //
+// Failures (server/coordinator.h): the coordinator evicts a worker it declared dead; the
+// worker leaves the clock table and its later requests are refused, so a worker that was
+// only stopped (SIGSTOP) cannot change the model after its work went to others. Workers
+// that join a running job get ids past num_workers and enter the clock table with their
+// first (rejoin) tick, at the slowest live clock. A push whose request id this server
+// already applied (a client's retry, server/recent_requests.h) is answered again with the
+// first reply and not applied twice.
+//
 // Thread model: not thread-safe; the server's request loop owns it.
 #pragma once
 
@@ -36,6 +44,7 @@
 #include "common/wire.h"
 #include "server/lr_policy.h"
 #include "server/optimizer.h"
+#include "server/recent_requests.h"
 #include "server/table.h"
 
 namespace ps {
@@ -61,6 +70,9 @@ struct ServerStats {
   uint64_t peak_rss_bytes = 0;  // the process's (VmHWM), 0 where unknown
   uint64_t checkpoints_written = 0;
   int64_t restored_clock = -1;  // the checkpoint this server started from, -1: none
+  int64_t max_clock_lag = 0;      // largest (puller's clock - slowest live clock) served
+  uint64_t pushes_duplicate = 0;  // retried pushes answered again, not applied twice
+  uint64_t workers_evicted = 0;
   // Applied pushes by staleness; the last bucket counts everything at or above its index.
   std::vector<uint64_t> staleness_histogram;
   uint64_t staleness_sum = 0;
@@ -95,6 +107,8 @@ class ServerCore {
   // gradient beyond 1e18 would overflow optimizer state or weights to infinity.
   static constexpr int64_t kMaxClock = int64_t{1} << 40;
   static constexpr float kMaxAbsGradient = 1e18f;
+  // Worker ids past num_workers belong to workers that joined a running job.
+  static constexpr int kMaxWorkers = 1 << 16;
 
   static Result<std::unique_ptr<ServerCore>> Create(const JobConfig& config, int server_id,
                                                     const StoreOptions& store = {});
@@ -143,6 +157,10 @@ class ServerCore {
   // The slowest live worker's clock, or the last known one when none is live.
   int64_t CheckpointClock() const;
   int64_t last_checkpoint_clock() const { return last_checkpoint_clock_; }
+  bool evicted(int worker) const {
+    return worker >= 0 && static_cast<size_t>(worker) < evicted_.size() &&
+           evicted_[static_cast<size_t>(worker)];
+  }
   // For tests: the stored values of one row (width floats), or NotFound.
   Result<std::vector<float>> ReadRow(uint32_t table, uint64_t key);
 
@@ -180,6 +198,10 @@ class ServerCore {
   Result<Frames> ServePull(wire::Header::Reader h, const Frames& request,
                            std::chrono::microseconds held);
   Result<Frames> HandleClock(wire::Header::Reader h, std::vector<Outgoing>* out);
+  Result<Frames> HandleEvict(wire::Header::Reader h, std::vector<Outgoing>* out);
+  // InvalidArgument unless `worker` is a worker id; FailedPrecondition when it was evicted.
+  // Grows the clock table for workers that joined (they start out of it).
+  Status CheckWorker(int worker, const char* what);
   Frames ShutdownReply(uint64_t request_id);
   static Status CheckClock(int64_t clock, const char* what);
   // The slowest live worker's clock (INT64_MAX when none is live) and who it is.
@@ -197,7 +219,9 @@ class ServerCore {
   std::vector<uint64_t> shard_version_;  // per table id
   std::vector<int64_t> clocks_;          // per worker
   std::vector<bool> left_;               // per worker
-  std::deque<HeldPull> held_;            // in arrival order
+  std::vector<bool> evicted_;            // per worker
+  RecentRequests recent_pushes_;
+  std::deque<HeldPull> held_;  // in arrival order
   ServerStats stats_;
   std::vector<float*> fetched_;  // scratch of ForEachRow
   int64_t last_checkpoint_clock_ = 0;

@@ -4,6 +4,7 @@
 
 #include <optional>
 
+#include "common/heartbeat.h"
 #include "common/registration.h"
 #include "common/wire.h"
 
@@ -108,6 +109,15 @@ Status RunServer(const ServerOptions& options, Transport* transport,
   LOG(INFO) << "registered as server " << reg.id << " of " << reg.config.num_servers;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerCore> core,
                       ServerCore::Create(reg.config, reg.id, options.store));
+  // Heartbeats from a thread of their own while serving (common/heartbeat.h).
+  HeartbeatOptions hopt;
+  hopt.coordinator = options.coordinator;
+  hopt.is_server = true;
+  hopt.id = reg.id;
+  hopt.interval = std::chrono::milliseconds(
+      std::max<int64_t>(1, static_cast<int64_t>(reg.config.heartbeat_timeout * 1000 / 4)));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<HeartbeatSender> heartbeat,
+                      HeartbeatSender::Start(transport, hopt));
   std::optional<ServerMetrics> metrics;
   if (options.metrics != nullptr) metrics.emplace(options.metrics);
   Status s = ServeUntilShutdown(*socket, *core, stop, options.poll_interval, reg.coordinator.get(),

@@ -4,6 +4,7 @@
 // Thread model: one thread runs the request loop and owns the socket and the ServerCore;
 // requests are handled in arrival order, so a worker's pull after its push sees the push.
 // `stop` (may be set from a signal handler's thread) ends the loop within poll_interval.
+// A HeartbeatSender thread tells the coordinator the server is alive.
 #pragma once
 
 #include <atomic>

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <random>
 
 #include "common/wire.h"
 
@@ -40,7 +41,19 @@ struct KVClient::Part {
   size_t out_row = 0;
   std::vector<uint32_t> positions;
   SteadyClock::time_point deadline;
+  // For retries: the request's frames (sharing the payload buffers) and when to resend.
+  Frames frames;
+  SteadyClock::time_point next_retry;
 };
+
+namespace {
+// A random 62-bit start, so that request ids are unique per client (see the header).
+uint64_t RandomRequestIdStart() {
+  std::random_device rd;
+  const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return (r & ((uint64_t{1} << 62) - 1)) + 1;
+}
+}  // namespace
 
 Result<std::unique_ptr<KVClient>> KVClient::Create(Transport* transport, const JobConfig& config,
                                                    const std::vector<std::string>& endpoints,
@@ -59,6 +72,7 @@ KVClient::KVClient(const JobConfig& config, const KVClientOptions& options)
     : config_(config),
       options_(options),
       shard_map_(config.table_specs, config.num_servers),
+      next_request_id_(RandomRequestIdStart()),
       pulled_version_(config.table_specs.size(),
                       std::vector<uint64_t>(static_cast<size_t>(config.num_servers), 0)) {}
 
@@ -283,9 +297,19 @@ Ticket KVClient::Enqueue(std::shared_ptr<Request> request, std::vector<std::shar
     // An empty request (zero rows) completes at once, below.
     request->remaining = std::max<int>(1, static_cast<int>(parts.size()));
     requests_[ticket] = request;
+    const bool retry = options_.retry_interval.count() > 0;
     for (size_t i = 0; i < parts.size(); ++i) {
       parts[i]->ticket = ticket;
       parts[i]->request = request;
+      if (retry) {
+        // ZeroMQ copies share the payload buffer (reference counted): no bytes copied.
+        for (zmq::message_t& f : outgoing[i].frames) {
+          zmq::message_t c;
+          c.copy(f);
+          parts[i]->frames.push_back(std::move(c));
+        }
+        parts[i]->next_retry = SteadyClock::now() + options_.retry_interval;
+      }
       parts_[request_ids[i]] = parts[i];
     }
     for (Outgoing& o : outgoing) outbox_.push_back(std::move(o));
@@ -515,16 +539,34 @@ void KVClient::IoLoop() {
     if (now >= next_expiry_check) {
       next_expiry_check = now + expiry_period;
       std::vector<std::pair<Ticket, int>> expired;
+      std::vector<Outgoing> resend;
       {
         std::lock_guard<std::mutex> lock(mu_);
         for (auto it = parts_.begin(); it != parts_.end();) {
-          if (it->second->deadline <= now) {
-            expired.emplace_back(it->second->ticket, it->second->server);
+          Part& p = *it->second;
+          if (p.deadline <= now) {
+            expired.emplace_back(p.ticket, p.server);
             it = parts_.erase(it);
-          } else {
-            ++it;
+            continue;
           }
+          if (!p.frames.empty() && p.next_retry <= now) {
+            // No reply yet: the same request (same id) again.
+            Outgoing o{p.server, {}};
+            for (zmq::message_t& f : p.frames) {
+              zmq::message_t c;
+              c.copy(f);
+              o.frames.push_back(std::move(c));
+            }
+            resend.push_back(std::move(o));
+            p.next_retry = now + options_.retry_interval;
+            ++stats_.retries;
+          }
+          ++it;
         }
+      }
+      for (Outgoing& o : resend) {
+        Status sent = sockets_[static_cast<size_t>(o.server)]->Send(std::move(o.frames));
+        if (!sent.ok()) LOG(WARNING) << "resend to server " << o.server << ": " << sent.ToString();
       }
       for (auto [t, server] : expired) {
         Complete(t,

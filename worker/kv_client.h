@@ -22,6 +22,12 @@
 // iteration) and the table shard's version of the last pull, from which the server knows
 // each gradient's staleness.
 //
+// Retries: a request part not answered within `retry_interval` is sent again with the same
+// request id (until request_timeout); servers apply a retried push once and answer it again
+// (server/recent_requests.h); pulls and clock ticks are idempotent. Request ids start at a
+// random value, so that they are unique per client even when a worker that rejoined reuses
+// a sender id.
+//
 // Thread model: all public methods are thread-safe. One internal I/O thread owns the
 // sockets (one DEALER per server); callers hand it requests through a queue and an
 // eventfd wakeup.
@@ -60,6 +66,8 @@ struct KVClientOptions {
   // it was a push, the seconds from the call to its last reply (a pull held by the staleness
   // bound included), and whether it succeeded. For metrics: must be fast and thread-safe.
   std::function<void(bool push, double seconds, bool ok)> on_request_done;
+  // A part not answered within this time is sent again, same request id (0: never).
+  std::chrono::milliseconds retry_interval{10000};
 };
 
 struct KVClientStats {
@@ -74,6 +82,7 @@ struct KVClientStats {
   uint64_t staleness_max = 0;
   double last_learning_rate = 0;
   int64_t max_clock_lag = 0;  // over pull replies
+  uint64_t retries = 0;       // request parts sent again after retry_interval
 };
 
 // What a completed request's servers said about it, beyond the data.
@@ -124,6 +133,8 @@ class KVClient {
   Status Wait(Ticket ticket, RequestInfo* info = nullptr);
 
   KVClientStats stats() const;
+  // The request id the next request part will carry (for tests).
+  uint64_t next_request_id() const { return next_request_id_.load(); }
 
  private:
   struct Part;     // one server's share of a request
@@ -156,7 +167,7 @@ class KVClient {
   int wake_fd_ = -1;
   std::thread io_thread_;
   std::atomic<bool> stopping_{false};
-  std::atomic<uint64_t> next_request_id_{1};
+  std::atomic<uint64_t> next_request_id_;  // random start (see Retries above)
   std::atomic<int64_t> clock_{0};
 
   mutable std::mutex mu_;

@@ -9,6 +9,7 @@
 #include <random>
 #include <thread>
 
+#include "common/heartbeat.h"
 #include "common/registration.h"
 #include "common/shard_map.h"
 #include "common/wire.h"
@@ -56,8 +57,10 @@ class CoordinatorSink final : public ProgressSink {
 
 // Tells the coordinator this worker is done and waits until every worker is (the barrier
 // before the final evaluation).
+// *evaluate: this worker evaluates the final model (worker 0, or the coordinator's choice
+// once worker 0 is gone).
 Status SendDone(ClientSocket& coordinator, int worker_id, const json& totals, const Status& outcome,
-                const std::atomic<bool>& stop) {
+                const std::atomic<bool>& stop, bool* evaluate = nullptr) {
   capnp::MallocMessageBuilder b;
   auto done = NewHeader(b, 1u << 30, worker_id).getBody().initDone();
   done.setJson(totals.dump());
@@ -79,8 +82,12 @@ Status SendDone(ClientSocket& coordinator, int worker_id, const json& totals, co
       if (body.which() == wire::Header::Body::ERROR) {
         return StatusFromError(body.getError()).WithContext("the coordinator refused done");
       }
-      if (body.which() != wire::Header::Body::DONE_REPLY) {
+      if (body.which() == wire::Header::Body::EVALUATE_FINAL) {
+        if (evaluate != nullptr) *evaluate = true;
+      } else if (body.which() != wire::Header::Body::DONE_REPLY) {
         return Internal("the coordinator answered done with another message type");
+      } else if (evaluate != nullptr) {
+        *evaluate = worker_id == 0;
       }
     } catch (const kj::Exception& e) {
       return Internal(std::string("malformed answer to done: ") + e.getDescription().cStr());
@@ -115,6 +122,11 @@ Result<ChunkSource::Next> LocalChunkSource::Lease(int worker, const Request& req
   }
   Next next;
   next.batch_size = batch_size_;
+  if (request.leave) {
+    table_.Release(worker);
+    cv_.notify_all();
+    return next;  // kFinished
+  }
   if (worker == 0 && !to_eval_.empty()) {
     next.evaluate_epoch = to_eval_.front();
     to_eval_.erase(to_eval_.begin());
@@ -151,6 +163,7 @@ class CoordinatorChunkSource final : public ChunkSource {
     lease.setCompletedChunk(request.completed_chunk);
     lease.setExamplesPerSec(request.examples_per_sec);
     lease.setWait(request.wait);
+    lease.setLeave(request.leave);
     Frames f;
     f.push_back(EncodeFrame(b));
     // A waiting request is answered when another worker's chunk comes back or the job is
@@ -220,6 +233,7 @@ Status TrainingLoop::WaitInFlight() {
   Status first;
   for (Ticket t : in_flight_) {
     Status s = client_->Wait(t);
+    if (!s.ok()) ++pushes_lost_;
     if (first.ok()) first = s;
   }
   in_flight_.clear();
@@ -246,7 +260,8 @@ json TrainingLoop::Totals() const {
   return {{"examples", examples_},         {"steps", steps_},
           {"clock", client_->clock()},     {"seconds", prior_seconds_ + seconds_},
           {"wait_seconds", wait_seconds_}, {"compute_seconds", compute_seconds_},
-          {"batch_size", batch_},          {"device", device_}};
+          {"batch_size", batch_},          {"device", device_},
+          {"pushes_lost", pushes_lost_}};
 }
 
 Status TrainingLoop::ReportTraining(int epoch, double epoch_fraction, bool force) {
@@ -308,13 +323,26 @@ Status TrainingLoop::TrainStep(std::span<const int64_t> examples, int epoch,
   return ReportTraining(epoch, epoch_fraction, false);
 }
 
-Status TrainingLoop::TrainChunk(const LeaseTable::Lease& lease, const std::atomic<bool>& stop) {
+Status TrainingLoop::TrainChunk(const LeaseTable::Lease& lease, const std::atomic<bool>& stop,
+                                bool* finished) {
+  *finished = false;
   if (order_epoch_ != lease.epoch) {
     order_ = EpochOrder(config_.seed, lease.epoch, model_->train_examples());
     order_epoch_ = lease.epoch;
   }
   for (uint64_t begin = lease.begin; begin < lease.end;) {
-    if (stop.load()) return Aborted("stopped by signal");
+    if (stop.load()) {
+      // Draining: finish the chunk if that fits in the budget, else return it.
+      if (!stop_seen_) {
+        stop_seen_ = true;
+        stop_time_ = SteadyClock::now();
+        const double left = static_cast<double>(lease.end - begin);
+        const double rate = compute_seconds_ > 0 ? examples_ / compute_seconds_ : 0;
+        const double need = rate > 0 ? left / rate : 1e9;
+        if (need > std::chrono::duration<double>(drain_finish_chunk_).count()) return Status::Ok();
+      }
+      if (SteadyClock::now() - stop_time_ > drain_finish_chunk_) return Status::Ok();
+    }
     if (group_ != nullptr) {
       // One step of the group: a batch for each member.
       const uint64_t n =
@@ -331,6 +359,23 @@ Status TrainingLoop::TrainChunk(const LeaseTable::Lease& lease, const std::atomi
     PS_RETURN_IF_ERROR(TrainStep(examples, lease.epoch, fraction));
     begin += n;
   }
+  *finished = true;
+  return Status::Ok();
+}
+
+Status TrainingLoop::LeaveJob(ChunkSource::Request request, int epoch) {
+  PS_RETURN_IF_ERROR(ReportTraining(epoch, 1.0, true));
+  PS_RETURN_IF_ERROR(WaitInFlight());  // every push acknowledged
+  if (in_clock_table_) PS_RETURN_IF_ERROR(client_->Wait(client_->Leave()));
+  in_clock_table_ = false;
+  request.leave = true;
+  request.wait = false;
+  PS_RETURN_IF_ERROR(chunks_->Lease(worker_id_, request).status());
+  seconds_ = SecondsSince(start_);
+  left_job_ = true;
+  LOG(INFO) << "worker " << worker_id_ << " left the job"
+            << (request.completed_epoch > 0 ? " after finishing its chunk"
+                                            : ", returning its chunk");
   return Status::Ok();
 }
 
@@ -339,11 +384,11 @@ Status TrainingLoop::Run(const std::atomic<bool>& stop) {
   stats_at_report_ = client_->stats();
   ChunkSource::Request request;
   request.dataset_size = static_cast<uint64_t>(model_->train_examples());
-  bool in_clock_table = true;
   int epoch = 1;
   while (true) {
     request.examples_per_sec = compute_seconds_ > 0 ? examples_ / compute_seconds_ : 0;
-    request.wait = !in_clock_table;
+    if (stop.load()) return LeaveJob(request, epoch);
+    request.wait = !in_clock_table_;
     PS_ASSIGN_OR_RETURN(ChunkSource::Next next, chunks_->Lease(worker_id_, request));
     request.completed_epoch = 0;
     if (fixed_batch_ == 0 && next.batch_size > 0) {
@@ -365,16 +410,21 @@ Status TrainingLoop::Run(const std::atomic<bool>& stop) {
       // clock table meanwhile, so that nobody waits on this worker's clock.
       PS_RETURN_IF_ERROR(WaitInFlight());
       PS_RETURN_IF_ERROR(client_->Wait(client_->Leave()));
-      in_clock_table = false;
+      in_clock_table_ = false;
       SignalGroup(kGroupIdle);  // the members wait with this worker, without a deadline
       continue;
     }
-    if (!in_clock_table) {
+    if (!in_clock_table_) {
       PS_RETURN_IF_ERROR(client_->Wait(client_->Rejoin()));
-      in_clock_table = true;
+      in_clock_table_ = true;
     }
     epoch = next.lease.epoch;
-    PS_RETURN_IF_ERROR(TrainChunk(next.lease, stop));
+    bool finished = false;
+    PS_RETURN_IF_ERROR(TrainChunk(next.lease, stop, &finished));
+    if (!finished) {
+      request.completed_epoch = 0;  // the chunk goes back to the queue
+      return LeaveJob(request, epoch);
+    }
     request.completed_epoch = next.lease.epoch;
     request.completed_chunk = next.lease.chunk;
   }
@@ -383,7 +433,7 @@ Status TrainingLoop::Run(const std::atomic<bool>& stop) {
   PS_RETURN_IF_ERROR(WaitInFlight());
   seconds_ = SecondsSince(start_);
   // Nobody waits on a worker that has finished.
-  if (in_clock_table) PS_RETURN_IF_ERROR(client_->Wait(client_->Leave()));
+  if (in_clock_table_) PS_RETURN_IF_ERROR(client_->Wait(client_->Leave()));
   return Status::Ok();
 }
 
@@ -419,6 +469,7 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
       m->OnRequestDone(push, seconds, ok);
     };
   }
+  copt.retry_interval = options.retry_interval;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<KVClient> client,
                       KVClient::Create(transport, config, reg.server_endpoints, copt));
   CoordinatorSink sink(reg.coordinator.get(), reg.id);
@@ -461,12 +512,21 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
     alone = member.dissolved;
     if (alone) PS_RETURN_IF_ERROR(client->Wait(client->Rejoin()));
   }
+  loop.set_drain_finish_chunk(options.drain_timeout / 2);
+  // Ids past num_workers are handed to workers that join the running job.
+  if (reg.id >= config.num_workers) loop.set_joined();
   if (alone) s = loop.Run(stop);
   *totals = loop.Totals();
   if (!s.ok()) return s;
+  if (loop.left_job()) {
+    // Drained on SIGTERM: the coordinator knows; no barrier, no final evaluation here.
+    *done_sent = true;
+    return Status::Ok();
+  }
   *done_sent = true;
-  PS_RETURN_IF_ERROR(SendDone(*reg.coordinator, reg.id, *totals, Status::Ok(), stop));
-  if (reg.id == 0) {
+  bool evaluate = false;
+  PS_RETURN_IF_ERROR(SendDone(*reg.coordinator, reg.id, *totals, Status::Ok(), stop, &evaluate));
+  if (evaluate) {
     PS_ASSIGN_OR_RETURN(json line, loop.Evaluate(config.epochs, true));
     PS_RETURN_IF_ERROR(sink.Report(line));
   }
@@ -497,7 +557,15 @@ Status RunWorker(const WorkerOptions& options, Transport* transport,
   PS_ASSIGN_OR_RETURN(Registration reg, RegisterWithCoordinator(transport, options.coordinator, req,
                                                                 options.register_timeout));
   LOG(INFO) << "registered as worker " << reg.id << " of " << reg.config.num_workers << " on "
-            << req.device;
+            << req.device << (reg.id >= reg.config.num_workers ? " (joined a running job)" : "");
+  // Heartbeats from a thread of their own, until this function returns.
+  HeartbeatOptions hopt;
+  hopt.coordinator = options.coordinator;
+  hopt.id = reg.id;
+  hopt.interval = std::chrono::milliseconds(
+      std::max<int64_t>(1, static_cast<int64_t>(reg.config.heartbeat_timeout * 1000 / 4)));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<HeartbeatSender> heartbeat,
+                      HeartbeatSender::Start(transport, hopt));
   json totals = json::object();
   bool done_sent = false;
   Status s = Train(reg, kernels.get(), options, transport, stop, &totals, &done_sent);

@@ -12,7 +12,16 @@
 // goes out behind them on the same connections, so it sees them. Worker 0 evaluates the
 // test set at the end of each epoch and, once every worker is done, the final model.
 //
-// Thread model: one thread drives a TrainingLoop; the KVClient has its own I/O thread.
+// Failures (server/coordinator.h): a worker sends heartbeats from a thread of its own
+// (common/heartbeat.h). On `stop` (SIGTERM, the preemption notice of cloud VMs) it finishes
+// its current chunk if that takes less than drain_finish_chunk, else stops at the next step
+// and returns the chunk; it waits for its pushes, leaves the clock tables and tells the
+// coordinator it leaves, then exits 0. A worker whose id is past the job's num_workers
+// joined a running job: it starts out of the clock table and enters it, at the slowest
+// live worker's clock, with its first chunk.
+//
+// Thread model: one thread drives a TrainingLoop; the KVClient has its own I/O thread, the
+// heartbeat sender another.
 #pragma once
 
 #include <atomic>
@@ -57,6 +66,11 @@ struct WorkerOptions {
   // An all-reduce group to join by name (workers of one name on one host form a group);
   // empty follows the job's --group_size.
   std::string group;
+  // After `stop` (SIGTERM): how long the whole drain may take (worker_main enforces it);
+  // the current chunk is finished when that fits in half of it, else returned.
+  std::chrono::milliseconds drain_timeout{10000};
+  // A request part not answered within this time is sent again (KVClientOptions).
+  std::chrono::milliseconds retry_interval{10000};
 };
 
 // The whole life of a worker process.
@@ -83,6 +97,7 @@ class ChunkSource {
     uint64_t completed_chunk = 0;
     double examples_per_sec = 0;  // compute throughput, for --batch_size=auto
     bool wait = false;            // block until there is work or every epoch is done
+    bool leave = false;           // this worker leaves the job: return what it holds
   };
   struct Next {
     enum class Kind { kChunk, kWait, kFinished } kind = Kind::kFinished;
@@ -118,8 +133,14 @@ class TrainingLoop {
                ProgressSink* sink, ChunkSource* chunks, std::string device, double slowdown = 1,
                int batch_size = 0);
 
-  // Trains on leased chunks until every epoch is done, then leaves the clock table.
+  // Trains on leased chunks until every epoch is done, then leaves the clock table. When
+  // `stop` is set, drains instead (see the top of this file): left_job() is then true.
   Status Run(const std::atomic<bool>& stop);
+  bool left_job() const { return left_job_; }
+  // After `stop`, finish the current chunk if it takes less than this; else return it.
+  void set_drain_finish_chunk(std::chrono::milliseconds d) { drain_finish_chunk_ = d; }
+  // Starts out of the clock table (a worker that joined a running job).
+  void set_joined() { in_clock_table_ = false; }
   // Pulls the current model and evaluates it on the test set: an `eval` metrics line.
   Result<nlohmann::json> Evaluate(int epoch, bool final_eval);
   // examples, steps, seconds, wait_seconds, device.
@@ -144,7 +165,11 @@ class TrainingLoop {
   void SignalGroup(int64_t command);
   Status PushAndTick();
   Status WaitInFlight();
-  Status TrainChunk(const LeaseTable::Lease& lease, const std::atomic<bool>& stop);
+  // *finished: false when `stop` cut the chunk short.
+  Status TrainChunk(const LeaseTable::Lease& lease, const std::atomic<bool>& stop, bool* finished);
+  // Flushes pushes, leaves the clock table and tells the chunk source this worker leaves,
+  // reporting the chunk in `request` if it completed one.
+  Status LeaveJob(ChunkSource::Request request, int epoch);
   Status TrainStep(std::span<const int64_t> examples, int epoch, double epoch_fraction);
   Status ReportTraining(int epoch, double epoch_fraction, bool force);
 
@@ -163,6 +188,12 @@ class TrainingLoop {
   double compute_seconds_ = 0;     // forward/backward (and --slowdown), for the throughput
   std::vector<Ticket> in_flight_;  // this step's pushes and clock tick
   GroupComm* group_ = nullptr;     // leading an all-reduce group; null: training alone
+  bool in_clock_table_ = true;
+  bool left_job_ = false;
+  std::chrono::milliseconds drain_finish_chunk_{0};
+  bool stop_seen_ = false;
+  std::chrono::steady_clock::time_point stop_time_;
+  uint64_t pushes_lost_ = 0;  // push or tick requests that failed (not acknowledged)
 
   // Totals and the current report interval.
   std::chrono::steady_clock::time_point start_, last_report_;

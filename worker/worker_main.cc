@@ -1,8 +1,11 @@
 // ps_worker: trains the job's model on its share of the data, on a CPU or a GPU.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+#include <pthread.h>
 
 #include <csignal>
+#include <cstdlib>
+#include <thread>
 
 #include "common/metrics.h"
 #include "kernels/kernels.h"
@@ -28,10 +31,27 @@ DEFINE_string(metrics_host, "127.0.0.1", "the address the metrics endpoint binds
 DEFINE_string(group, "",
               "join the all-reduce group of this name (workers on one host, one kind of "
               "device); empty: the job's --group_size");
+DEFINE_int32(drain_timeout_ms, 10000,
+             "on SIGTERM: finish or return the current chunk, flush pushes and leave the job "
+             "within this time (after it the process exits with status 3)");
+DEFINE_int32(retry_ms, 10000,
+             "resend a push or pull not answered within this time, same request id (0: never)");
 
 namespace {
 std::atomic<bool> g_stop{false};
-void OnSignal(int) { g_stop.store(true); }
+
+// SIGTERM and SIGINT go to this thread (blocked everywhere else): it asks the worker to
+// drain and, should draining take longer than --drain_timeout_ms, ends the process.
+void SignalThread(sigset_t signals, std::chrono::milliseconds drain_timeout) {
+  int sig = 0;
+  if (sigwait(&signals, &sig) != 0) return;
+  LOG(WARNING) << "signal " << sig << ": leaving the job within " << drain_timeout.count() << " ms";
+  g_stop.store(true);
+  std::this_thread::sleep_for(drain_timeout);
+  LOG(ERROR) << "draining took longer than --drain_timeout_ms=" << drain_timeout.count()
+             << "; exiting now";
+  std::_Exit(3);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -43,8 +63,19 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "--coordinator is required (e.g. --coordinator=tcp://127.0.0.1:7000)";
     return 2;
   }
-  std::signal(SIGTERM, OnSignal);
-  std::signal(SIGINT, OnSignal);
+  if (FLAGS_drain_timeout_ms <= 0 || FLAGS_retry_ms < 0) {
+    LOG(ERROR) << "--drain_timeout_ms=" << FLAGS_drain_timeout_ms
+               << " --retry_ms=" << FLAGS_retry_ms
+               << ": expected a positive drain timeout and a retry interval >= 0";
+    return 2;
+  }
+  // Before any other thread starts, so that every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::thread(SignalThread, signals, std::chrono::milliseconds(FLAGS_drain_timeout_ms)).detach();
   ps::EnableFlushToZero();
   ps::WorkerOptions options;
   options.coordinator = FLAGS_coordinator;
@@ -70,6 +101,8 @@ int main(int argc, char** argv) {
   }
   options.metrics = metrics->get();
   options.group = FLAGS_group;
+  options.drain_timeout = std::chrono::milliseconds(FLAGS_drain_timeout_ms);
+  options.retry_interval = std::chrono::milliseconds(FLAGS_retry_ms);
   ps::Transport transport;
   ps::Status s = ps::RunWorker(options, &transport, g_stop);
   if (!s.ok()) {

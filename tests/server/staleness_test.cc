@@ -1,7 +1,7 @@
 // The staleness bound and gradient staleness on one ServerCore, message by message.
-#include <climits>
-
 #include <gtest/gtest.h>
+
+#include <climits>
 
 #include "server/server_core.h"
 #include "tests/server/test_messages.h"
@@ -118,10 +118,11 @@ TEST(StalenessTest, BadPullsAreRefusedRatherThanHeld) {
   auto out = Send(*core, "w0", RangePull(2, 0, 0, 9, 0, 1));  // rows past the table
   ASSERT_EQ(out.size(), 1u);
   EXPECT_EQ(ReplyStatus(out[0].frames).code(), StatusCode::kInvalidArgument);
-  out = Send(*core, "x", RangePull(3, 0, 0, 4, /*worker=*/7, 0));  // not a worker of the job
+  // Not a worker id (ids past num_workers are workers that joined a running job).
+  out = Send(*core, "x", RangePull(3, 0, 0, 4, /*worker=*/1 << 20, 0));
   ASSERT_EQ(out.size(), 1u);
   EXPECT_NE(ReplyStatus(out[0].frames).message().find("not a worker"), std::string::npos);
-  out = Send(*core, "x", ClockTick(4, 9, 1));
+  out = Send(*core, "x", ClockTick(4, 1 << 20, 1));
   EXPECT_EQ(ReplyStatus(out[0].frames).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(core->held_pulls(), 0u);
 }

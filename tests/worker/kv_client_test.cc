@@ -205,5 +205,64 @@ TEST(KVClientTimeoutTest, UnansweredRequestsTimeOut) {
   EXPECT_LT(secs, 10.0);
 }
 
+// A push whose reply is lost is sent again with the same request id; the server applies it
+// once and answers the retry.
+TEST(KVClientRetryTest, ALostReplyIsRetriedWithTheSameIdAndAppliedOnce) {
+  Transport transport;
+  JobConfig config = JobConfig::FromFlagMap({{"model", "none"},
+                                             {"tables", "d:4:2:zeros"},
+                                             {"num_servers", "1"},
+                                             {"staleness", "-1"},
+                                             {"base_lr", "1"}})
+                         .value();
+  auto core = ServerCore::Create(config, 0).value();
+  auto socket = transport.Listen("inproc://kv_client_retry_test").value();
+  std::vector<uint64_t> ids;  // request ids the server saw
+  std::atomic<bool> stop{false};
+  std::thread server([&] {
+    bool dropped = false;
+    while (!stop.load()) {
+      Result<Incoming> in = socket->Recv(std::chrono::milliseconds(20));
+      if (!in.ok()) continue;
+      ids.push_back(DecodedHeader::Decode(in->frames[0]).value().get().getRequestId());
+      std::vector<Outgoing> out;
+      ServerCore::After after;
+      core->Handle(in->peer, in->frames, &out, &after);
+      if (!dropped) {
+        dropped = true;  // the reply to the first request is lost on the way
+        continue;
+      }
+      for (Outgoing& o : out) (void)socket->Send(o.peer, std::move(o.frames));
+    }
+  });
+  KVClientOptions o;
+  o.request_timeout = std::chrono::seconds(20);
+  o.retry_interval = std::chrono::milliseconds(200);
+  auto client = KVClient::Create(&transport, config, {socket->BoundEndpoint()}, o).value();
+  std::vector<float> grad(8, 1.0f);
+  EXPECT_TRUE(client->Wait(client->PushRange(0, RowRange{0, 4}, grad)).ok());
+  stop = true;
+  server.join();
+  ASSERT_GE(ids.size(), 2u);
+  EXPECT_EQ(ids[0], ids[1]) << "the retry carries the same request id";
+  EXPECT_GE(client->stats().retries, 1u);
+  EXPECT_EQ(core->stats().pushes_applied, 1u) << "applied once";
+  EXPECT_GE(core->stats().pushes_duplicate, 1u);
+  EXPECT_EQ(core->ReadRow(0, 0).value(), std::vector<float>({-1.0f, -1.0f}));
+}
+
+TEST(KVClientRetryTest, RequestIdsStartAtRandom) {
+  Transport transport;
+  JobConfig config =
+      JobConfig::FromFlagMap({{"model", "none"}, {"tables", "d:4:2:zeros"}, {"num_servers", "1"}})
+          .value();
+  auto socket = transport.Listen("inproc://kv_client_id_test").value();
+  auto a = KVClient::Create(&transport, config, {socket->BoundEndpoint()}, {}).value();
+  auto b = KVClient::Create(&transport, config, {socket->BoundEndpoint()}, {}).value();
+  // Two clients with the same sender id (a worker that rejoined) do not share ids.
+  EXPECT_NE(a->next_request_id(), b->next_request_id());
+  EXPECT_GT(a->next_request_id(), 1u);
+}
+
 }  // namespace
 }  // namespace ps

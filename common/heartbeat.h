@@ -1,0 +1,67 @@
+// Heartbeats: every process of a running job tells the coordinator it is alive, every
+// heartbeat_timeout / 4 (the job's --heartbeat_timeout), so that a process silent for
+// longer than the timeout can be declared dead (server/coordinator.h says what follows).
+//
+// The sender owns its own connection to the coordinator: a worker's registration socket
+// may be blocked for minutes in a lease request or the end-of-job barrier, and a
+// heartbeat must not wait behind it. Replies are read without waiting; a reply saying that
+// the coordinator evicted this worker (it was silent too long, e.g. stopped with SIGSTOP,
+// and its work went to others) sets evicted(), and the owner should stop.
+//
+// Thread model: one internal thread sends the beats and owns the socket; the public
+// methods are thread-safe. Stop() (or the destructor) ends the thread within a moment.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/status.h"
+#include "common/transport.h"
+
+namespace ps {
+
+struct HeartbeatOptions {
+  // The coordinator's endpoint. Required.
+  std::string coordinator;
+  bool is_server = false;
+  // This process's id within its role.
+  int id = 0;
+  // Time between beats: the job's heartbeat_timeout / 4.
+  std::chrono::milliseconds interval{1000};
+};
+
+class HeartbeatSender {
+ public:
+  // Connects and starts beating (the first beat goes at once).
+  static Result<std::unique_ptr<HeartbeatSender>> Start(Transport* transport,
+                                                        const HeartbeatOptions& options);
+  ~HeartbeatSender();
+  HeartbeatSender(const HeartbeatSender&) = delete;
+  HeartbeatSender& operator=(const HeartbeatSender&) = delete;
+
+  // Stops beating (the coordinator will declare this process dead unless it says it left).
+  void Stop();
+  // The coordinator answered that it evicted this worker.
+  bool evicted() const { return evicted_.load(); }
+  uint64_t beats_sent() const { return beats_.load(); }
+
+ private:
+  HeartbeatSender(const HeartbeatOptions& options, std::unique_ptr<ClientSocket> socket);
+  void Loop();
+
+  const HeartbeatOptions options_;
+  std::unique_ptr<ClientSocket> socket_;  // owned by the thread
+  std::atomic<bool> evicted_{false};
+  std::atomic<uint64_t> beats_{0};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;  // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace ps

@@ -1,0 +1,224 @@
+// Workers that die, stop, leave and join while a job trains: real ps_coordinator,
+// ps_server and ps_worker processes on 127.0.0.1 training a small MLP on Fashion-MNIST
+// (skipped without the data). Each test asserts that the failure is detected within a
+// stated time, that the job completes, and that every epoch still covers every training
+// example exactly once (summary.json's examples_per_epoch). Detection and drain times are
+// printed, for the record.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "tests/integration/job_test_util.h"
+
+namespace ps {
+namespace {
+
+using itest::json;
+using itest::SteadyClock;
+
+constexpr char kTrainImages[] = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
+constexpr double kHeartbeatTimeout = 3.0;
+// Detection may lag the timeout by one heartbeat check of the coordinator's loop and by
+// scheduling on a loaded machine.
+constexpr double kDetectionSlack = 3.0;
+// Each job trains for about 10 s on two idle cores; the margin is for loaded CI machines.
+constexpr std::chrono::seconds kJobTimeout{150};
+
+#define SKIP_WITHOUT_FASHION_MNIST()                                                      \
+  if (access(kTrainImages, R_OK) != 0) {                                                  \
+    GTEST_SKIP() << kTrainImages << " is not here (scripts/install_deps.sh installs it)"; \
+  }
+
+double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+class FailoverTest : public itest::JobTest {
+ protected:
+  // Coordinator, 2 servers and `workers` workers with ids 0..workers-1.
+  void StartJob(int workers, int epochs) {
+    deadline_ = itest::DeadlineIn(kJobTimeout);
+    Result<itest::ChildProcess> c = StartCoordinator(
+        {"--num_servers=2", "--num_workers=" + std::to_string(workers),
+         "--epochs=" + std::to_string(epochs), "--mlp_layers=784,32,10", "--staleness=2",
+         "--chunk_examples=2048", "--base_lr=0.1", "--report_every_seconds=0.2",
+         "--heartbeat_timeout=" + std::to_string(kHeartbeatTimeout)},
+        deadline_, &endpoint_);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    coordinator_.emplace(std::move(c).value());
+    for (int s = 0; s < 2; ++s) {
+      Result<itest::ChildProcess> p = StartServer(s, endpoint_);
+      ASSERT_TRUE(p.ok()) << p.status().ToString();
+      servers_.push_back(std::move(p).value());
+    }
+    for (int w = 0; w < workers; ++w) StartWorker(w);
+  }
+
+  // id -1: a worker that joins (no --id).
+  void StartWorker(int id) {
+    std::vector<std::string> argv = {itest::BinaryPath("ps_worker"), "--coordinator=" + endpoint_,
+                                     "--drain_timeout_ms=8000", "--register_timeout_ms=30000"};
+    if (id >= 0) argv.push_back("--id=" + std::to_string(id));
+    const std::string name = id >= 0 ? "worker-" + std::to_string(id) : "worker-join";
+    setenv("OPENBLAS_NUM_THREADS", "1", 0);
+    Result<itest::ChildProcess> p = itest::ChildProcess::Spawn(argv, dir_.Join(name + ".log"));
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    workers_.push_back(std::move(p).value());
+  }
+
+  // Waits until metrics.jsonl has a train line from `worker` (it is training mid-epoch).
+  bool WaitForTraining(int worker) {
+    const std::string path = RunDir() + "/metrics.jsonl";
+    while (SteadyClock::now() < deadline_) {
+      std::ifstream in(path);
+      for (std::string line; std::getline(in, line);) {
+        json j = json::parse(line, nullptr, false);
+        if (j.is_object() && j.value("kind", "") == "train" && j.value("worker", -1) == worker) {
+          return true;
+        }
+      }
+      if (coordinator_->TryReap()) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+
+  // Waits until the coordinator's log has a line containing `text`.
+  bool WaitForLog(const std::string& text) {
+    while (SteadyClock::now() < deadline_) {
+      Result<std::string> log = itest::ReadFile(coordinator_->log_path());
+      if (log.ok() && log->find(text) != std::string::npos) return true;
+      if (coordinator_->TryReap()) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+
+  // The job ends well; returns summary.json.
+  json FinishJob() {
+    ExpectCleanExit(*coordinator_, "coordinator", deadline_);
+    Result<json> summary = ReadSummary();
+    EXPECT_TRUE(summary.ok()) << summary.status().ToString();
+    if (!summary.ok()) return json::object();
+    EXPECT_EQ(summary->value("status", ""), "ok") << summary->dump();
+    return *summary;
+  }
+
+  static void ExpectEveryEpochCoveredOnce(const json& summary, int epochs) {
+    EXPECT_EQ(summary["examples_per_epoch"], json(std::vector<uint64_t>(epochs, 60000)))
+        << summary.dump();
+    EXPECT_EQ(summary.value("pushes_lost", uint64_t{1}), 0u);
+  }
+
+  static json FailureOf(const json& summary, const std::string& kind, int worker) {
+    for (const json& f : summary.value("failures", json::array())) {
+      if (f.value("kind", "") == kind && f.value("worker", -1) == worker) return f;
+    }
+    return json();
+  }
+
+  itest::Deadline deadline_;
+  std::string endpoint_;
+  std::optional<itest::ChildProcess> coordinator_;
+  std::vector<itest::ChildProcess> servers_;
+  std::vector<itest::ChildProcess> workers_;
+};
+
+TEST_F(FailoverTest, AKilledWorkerIsDetectedAndItsDataRetrained) {
+  SKIP_WITHOUT_FASHION_MNIST();
+  ASSERT_NO_FATAL_FAILURE(StartJob(3, 2));
+  ASSERT_TRUE(WaitForTraining(2)) << "worker 2 never trained";
+  const double killed_at = UnixNow();
+  ASSERT_EQ(kill(workers_[2].pid(), SIGKILL), 0);
+  json summary = FinishJob();
+  const json f = FailureOf(summary, "worker_lost", 2);
+  ASSERT_TRUE(f.is_object()) << "worker 2's death is not listed: " << summary.dump();
+  const double detection = f.value("unix_time", 0.0) - killed_at;
+  std::printf("kill -9: detected after %.2f s (heartbeat_timeout %.1f s), %d leases returned\n",
+              detection, kHeartbeatTimeout, f.value("leases_returned", -1));
+  EXPECT_GT(detection, 0);
+  EXPECT_LE(detection, kHeartbeatTimeout + kDetectionSlack);
+  ExpectEveryEpochCoveredOnce(summary, 2);
+  EXPECT_EQ(summary["workers"][2].value("state", ""), "lost");
+  for (int w = 0; w < 2; ++w) ExpectCleanExit(workers_[w], "worker", deadline_);
+  for (auto& s : servers_) ExpectCleanExit(s, "server", deadline_);
+}
+
+TEST_F(FailoverTest, AStoppedWorkerIsEvictedAndRefusedWhenItWakes) {
+  SKIP_WITHOUT_FASHION_MNIST();
+  ASSERT_NO_FATAL_FAILURE(StartJob(3, 2));
+  ASSERT_TRUE(WaitForTraining(2)) << "worker 2 never trained";
+  const double stopped_at = UnixNow();
+  ASSERT_EQ(kill(workers_[2].pid(), SIGSTOP), 0);
+  ASSERT_TRUE(WaitForLog("worker 2 lost")) << "the stopped worker was not declared dead";
+  // Awake again: its work went to others, so everything it sends is refused and it exits.
+  ASSERT_EQ(kill(workers_[2].pid(), SIGCONT), 0);
+  Result<int> rc = workers_[2].WaitExit(deadline_);
+  ASSERT_TRUE(rc.ok()) << "the evicted worker did not exit: " << rc.status().ToString();
+  EXPECT_NE(*rc, 0);
+  json summary = FinishJob();
+  const json f = FailureOf(summary, "worker_lost", 2);
+  ASSERT_TRUE(f.is_object()) << summary.dump();
+  const double detection = f.value("unix_time", 0.0) - stopped_at;
+  std::printf("SIGSTOP: detected after %.2f s (heartbeat_timeout %.1f s)\n", detection,
+              kHeartbeatTimeout);
+  EXPECT_LE(detection, kHeartbeatTimeout + kDetectionSlack);
+  ExpectEveryEpochCoveredOnce(summary, 2);
+  uint64_t evicted = 0;
+  for (const json& s : summary["servers"]) evicted += s.value("workers_evicted", uint64_t{0});
+  EXPECT_GE(evicted, 2u) << "both servers evict the worker";
+}
+
+TEST_F(FailoverTest, SigtermDrainsAWorkerWithinTheBound) {
+  SKIP_WITHOUT_FASHION_MNIST();
+  ASSERT_NO_FATAL_FAILURE(StartJob(3, 2));
+  ASSERT_TRUE(WaitForTraining(2)) << "worker 2 never trained";
+  const auto sent = SteadyClock::now();
+  ASSERT_EQ(kill(workers_[2].pid(), SIGTERM), 0);
+  // --drain_timeout_ms=8000 bounds it (the process exits with 3 past it).
+  Result<int> rc = workers_[2].WaitExit(sent + std::chrono::seconds(8 + 5));
+  ASSERT_TRUE(rc.ok()) << "worker 2 did not leave in time: " << rc.status().ToString();
+  EXPECT_EQ(*rc, 0) << "a drained worker exits cleanly";
+  const double drain = std::chrono::duration<double>(SteadyClock::now() - sent).count();
+  std::printf("SIGTERM: worker left after %.2f s\n", drain);
+  json summary = FinishJob();
+  const json f = FailureOf(summary, "worker_left", 2);
+  ASSERT_TRUE(f.is_object()) << summary.dump();
+  EXPECT_TRUE(FailureOf(summary, "worker_lost", 2).is_null()) << "it left, it did not die";
+  ExpectEveryEpochCoveredOnce(summary, 2);
+  EXPECT_EQ(summary["workers"][2].value("state", ""), "left");
+}
+
+TEST_F(FailoverTest, AWorkerJoinsARunningJobThroughTheLauncher) {
+  SKIP_WITHOUT_FASHION_MNIST();
+  ASSERT_NO_FATAL_FAILURE(StartJob(2, 3));
+  ASSERT_TRUE(WaitForTraining(0)) << "worker 0 never trained";
+  // launch_local.sh --join finds the coordinator through RUN_DIR/coordinator.endpoint.
+  {
+    std::ofstream ep(RunDir() + "/coordinator.endpoint");
+    ep << endpoint_ << "\n";
+  }
+  const std::string bin_dir =
+      std::filesystem::path(itest::BinaryPath("ps_worker")).parent_path().string();
+  setenv("PS_BIN_DIR", bin_dir.c_str(), 0);
+  Result<itest::ChildProcess> joiner = itest::ChildProcess::Spawn(
+      {"/bin/bash", itest::SourceDir() + "/scripts/launch_local.sh", "--join", RunDir()},
+      dir_.Join("join.log"));
+  ASSERT_TRUE(joiner.ok()) << joiner.status().ToString();
+  json summary = FinishJob();
+  ExpectCleanExit(*joiner, "joined worker", deadline_);
+  ASSERT_EQ(summary["workers"].size(), 3u) << summary.dump();
+  const json& w = summary["workers"][2];
+  EXPECT_TRUE(w.value("joined", false)) << w.dump();
+  EXPECT_GT(w.value("examples", uint64_t{0}), 0u) << "the joined worker trained: " << w.dump();
+  EXPECT_EQ(summary["joins"].size(), 1u);
+  ExpectEveryEpochCoveredOnce(summary, 3);
+  EXPECT_TRUE(summary["failures"].empty()) << summary.dump();
+}
+
+}  // namespace
+}  // namespace ps
