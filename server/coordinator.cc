@@ -239,6 +239,7 @@ class CoordinatorJob {
     results_.resize(workers_.size());
     rates_.assign(workers_.size(), 0.0);
     train_start_ = Clock::now();
+    train_start_unix_ = UnixSeconds();
     std::printf("job assembled: %d servers, %d workers; training %d epochs\n", config_.num_servers,
                 config_.num_workers, config_.epochs);
     std::fflush(stdout);
@@ -248,9 +249,9 @@ class CoordinatorJob {
   // Workers' JSON is input from the network: every field the coordinator reads must have
   // the type it reads it as, or nlohmann::json would throw.
   static Status CheckReportFields(const json& j) {
-    for (const char* key : {"examples", "loss", "epoch", "epoch_fraction", "test_loss",
-                            "test_accuracy", "test_auc", "seconds", "steps", "wait_seconds",
-                            "compute_seconds", "batch_size", "worker"}) {
+    for (const char* key :
+         {"examples", "loss", "epoch", "epoch_fraction", "test_loss", "test_accuracy", "test_auc",
+          "seconds", "steps", "wait_seconds", "compute_seconds", "batch_size", "worker"}) {
       if (j.contains(key) && !j[key].is_number()) {
         return InvalidArgument(std::string("report field '") + key + "' must be a number");
       }
@@ -573,6 +574,7 @@ class CoordinatorJob {
     summary["epochs"] = config_.epochs;
     summary["wall_seconds"] = wall;
     summary["train_seconds"] = train_seconds;
+    summary["train_start_time"] = train_start_unix_;
     uint64_t examples = 0;
     json workers = json::array();
     for (size_t i = 0; i < workers_.size(); ++i) {
@@ -591,6 +593,17 @@ class CoordinatorJob {
                          {"batch_size", t.value("batch_size", 0)},
                          {"examples_per_sec", secs > 0 ? n / secs : 0.0},
                          {"failed", i < results_.size() && results_[i].failed}});
+      // Where the worker's time went (input from the network: copied only when well-typed).
+      if (t.contains("step_seconds") && t["step_seconds"].is_object()) {
+        json steps = json::object();
+        for (const auto& [k, v] : t["step_seconds"].items()) {
+          if (v.is_number()) steps[k] = v;
+        }
+        workers.back()["step_seconds"] = steps;
+      }
+      if (t.contains("prefetch") && t["prefetch"].is_boolean()) {
+        workers.back()["prefetch"] = t["prefetch"];
+      }
     }
     summary["examples"] = examples;
     summary["examples_per_epoch"] = leases_.examples_per_epoch();
@@ -668,6 +681,7 @@ class CoordinatorJob {
   std::vector<Member> servers_, workers_;
   std::vector<WorkerResult> results_;
   Clock::time_point job_start_, train_start_;
+  double train_start_unix_ = 0;  // metrics lines' "time" minus this: seconds into training
 
   // Data leases.
   struct HeldLease {

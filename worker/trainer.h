@@ -12,6 +12,21 @@
 // goes out behind them on the same connections, so it sees them. Worker 0 evaluates the
 // test set at the end of each epoch and, once every worker is done, the final model.
 //
+// Prefetch (WorkerOptions::prefetch, on by default where valid): the pull for step t + 1
+// goes out before step t computes, tagged with clock t + 1, so that its round trip hides
+// behind the compute. Its rows then lack this worker's own step-t gradient (pushed after
+// it): the worker's view is one step older in its own updates, and the server counts each
+// push as staleness >= 1. The staleness bound S still holds for everyone's updates (the
+// servers gate the pull at clock t + 1: every update from clocks <= t - S is in it, own
+// ones included since S >= 1). Under BSP (a bound of 0 on any table) it would break
+// lockstep semantics, so it is off there. Only models whose pulls do not depend on the
+// batch prefetch (the MLP); sparse LR pulls as before.
+//
+// Step time breakdown (Totals()["step_seconds"]): `pull` blocked on pull replies (minus
+// the servers' holds), `wait` blocked by the staleness bound (the holds) or on the previous
+// step's push acknowledgements, `compute` forward/backward (and --slowdown), `push`
+// issuing the pushes and the clock tick.
+//
 // Thread model: one thread drives a TrainingLoop; the KVClient has its own I/O thread.
 #pragma once
 
@@ -50,6 +65,9 @@ struct WorkerOptions {
   // This worker's batch size; 0 takes the job's (or, with --batch_size=auto, the
   // coordinator's throughput-following one).
   int batch_size = 0;
+  // Pull the next step's parameters while this step computes (see above). Ignored under
+  // BSP and for models that cannot prefetch.
+  bool prefetch = true;
 };
 
 // The whole life of a worker process.
@@ -109,18 +127,24 @@ class TrainingLoop {
   // (or the chunk source's); the model's max_batch must cover what the source may ask for.
   TrainingLoop(const JobConfig& config, int worker_id, KVClient* client, TrainableModel* model,
                ProgressSink* sink, ChunkSource* chunks, std::string device, double slowdown = 1,
-               int batch_size = 0);
+               int batch_size = 0, bool prefetch = false);
+
+  // Whether this loop prefetches: asked for, the model can, and no table is BSP.
+  bool prefetching() const { return prefetch_; }
 
   // Trains on leased chunks until every epoch is done, then leaves the clock table.
   Status Run(const std::atomic<bool>& stop);
   // Pulls the current model and evaluates it on the test set: an `eval` metrics line.
   Result<nlohmann::json> Evaluate(int epoch, bool final_eval);
-  // examples, steps, seconds, wait_seconds, device.
+  // examples, steps, seconds, wait_seconds, device, prefetch, step_seconds {compute, pull,
+  // push, wait}.
   nlohmann::json Totals() const;
 
  private:
   Status PushAndTick();
   Status WaitInFlight();
+  // Waits for a prefetch in flight, if any (before evaluating, leaving, or finishing).
+  Status DrainPrefetch();
   Status TrainChunk(const LeaseTable::Lease& lease, const std::atomic<bool>& stop);
   Status TrainStep(std::span<const int64_t> examples, int epoch, double epoch_fraction);
   Status ReportTraining(int epoch, double epoch_fraction, bool force);
@@ -139,6 +163,10 @@ class TrainingLoop {
   int order_epoch_ = 0;
   double compute_seconds_ = 0;     // forward/backward (and --slowdown), for the throughput
   std::vector<Ticket> in_flight_;  // this step's pushes and clock tick
+  bool prefetch_ = false;          // prefetching at all
+  bool prefetched_ = false;        // a prefetch for the next step is in flight
+  // Step time breakdown (see the top of this file).
+  double pull_seconds_ = 0, push_seconds_ = 0, blocked_seconds_ = 0;
 
   // Totals and the current report interval.
   std::chrono::steady_clock::time_point start_, last_report_;

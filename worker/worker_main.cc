@@ -3,8 +3,11 @@
 #include <glog/logging.h>
 
 #include <csignal>
+#include <ctime>
+#include <map>
 
 #include "kernels/kernels.h"
+#include "worker/standalone.h"
 #include "worker/trainer.h"
 
 DEFINE_string(coordinator, "", "the coordinator's endpoint, e.g. tcp://127.0.0.1:7000 (required)");
@@ -21,6 +24,19 @@ DEFINE_int32(
     batch_size, 0,
     "this worker's batch size (0: the job's, or the coordinator's with --batch_size=auto)");
 
+DEFINE_bool(prefetch, true,
+            "pull the next step's parameters while this step computes (off under BSP; the "
+            "worker's own last update then arrives one step late: staleness >= 1)");
+
+DEFINE_bool(standalone, false,
+            "train the job's model in this process alone (no coordinator, no servers), with "
+            "the job settings of --job_flagfile and --job_flags: the single-process baseline");
+DEFINE_string(job_flagfile, "configs/fashion_mnist_mlp.flags",
+              "--standalone: the job's flagfile (as ps_coordinator reads it)");
+DEFINE_string(job_flags, "",
+              "--standalone: job setting overrides, space-separated, e.g. \"--epochs=1\"");
+DEFINE_string(run_dir, "", "--standalone: run directory (default runs/<time>-standalone)");
+
 namespace {
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop.store(true); }
@@ -31,6 +47,38 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  if (FLAGS_standalone) {
+    std::signal(SIGTERM, OnSignal);
+    std::signal(SIGINT, OnSignal);
+    ps::EnableFlushToZero();
+    std::map<std::string, std::string> flags;
+    ps::Status s = ps::ReadJobFlagFile(FLAGS_job_flagfile, &flags);
+    if (s.ok()) s = ps::ApplyJobFlagOverrides(FLAGS_job_flags, &flags);
+    if (!s.ok()) {
+      LOG(ERROR) << "ps_worker --standalone: " << s.ToString();
+      return 2;
+    }
+    ps::Result<ps::JobConfig> config = ps::JobConfig::FromFlagMap(flags);
+    if (!config.ok()) {
+      LOG(ERROR) << "bad job config: " << config.status().message();
+      return 2;
+    }
+    ps::StandaloneOptions options;
+    options.device = FLAGS_device;
+    options.run_dir = FLAGS_run_dir;
+    if (options.run_dir.empty()) {
+      char buf[64];
+      std::time_t t = std::time(nullptr);
+      std::strftime(buf, sizeof(buf), "runs/%Y%m%d-%H%M%S-standalone", std::localtime(&t));
+      options.run_dir = buf;
+    }
+    s = ps::RunStandalone(config.value(), options, g_stop, nullptr);
+    if (!s.ok()) {
+      LOG(ERROR) << "ps_worker --standalone: " << s.ToString();
+      return 1;
+    }
+    return 0;
+  }
   if (FLAGS_coordinator.empty()) {
     LOG(ERROR) << "--coordinator is required (e.g. --coordinator=tcp://127.0.0.1:7000)";
     return 2;
@@ -46,6 +94,7 @@ int main(int argc, char** argv) {
   options.request_timeout = std::chrono::milliseconds(FLAGS_request_timeout_ms);
   options.slowdown = FLAGS_slowdown;
   options.batch_size = FLAGS_batch_size;
+  options.prefetch = FLAGS_prefetch;
   ps::Transport transport;
   ps::Status s = ps::RunWorker(options, &transport, g_stop);
   if (!s.ok()) {
