@@ -2,12 +2,13 @@
 # Starts a whole job on this machine: 1 coordinator, N servers, M workers on 127.0.0.1.
 #
 #   scripts/launch_local.sh [FLAGFILE] [--servers N] [--workers N] [--run_dir DIR]
-#                           [--device DEV] [--slow_worker I:F] [--no_build]
+#                           [--device DEV] [--slow_worker I:F] [--worker_flags "FLAGS"] [--no_build]
 #                           [-- extra job flags]
 #
 # FLAGFILE defaults to configs/fashion_mnist_mlp.flags. Extra job flags after `--` go to
 # the coordinator, which hands them to every process (e.g. -- --epochs=1 --base_lr=0.05).
 # --slow_worker I:F makes worker I (0-based) F times slower, to watch a straggler.
+# --worker_flags passes ps_worker flags to every worker (e.g. "--prefetch=false").
 # Installs missing packages and builds first unless --no_build. Progress goes to the
 # console; every process's log, metrics.jsonl and summary.json go to the run directory.
 # Returns the job's exit status; stops every process it started when one fails, on
@@ -21,6 +22,7 @@ workers=2
 run_dir=""
 device="cpu"
 slow_worker=""
+worker_flags=""
 build=1
 extra=()
 usage() { sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
@@ -31,6 +33,7 @@ while [ $# -gt 0 ]; do
     --run_dir) run_dir="$2"; shift 2 ;;
     --device) device="$2"; shift 2 ;;
     --slow_worker) slow_worker="$2"; shift 2 ;;
+    --worker_flags) worker_flags="$2"; shift 2 ;;
     --no_build) build=0; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
@@ -129,7 +132,7 @@ done
 for ((i = 0; i < workers; i++)); do
   slowdown=1
   [ "$i" = "$slow_index" ] && slowdown="$slow_factor"
-  "$bin/ps_worker" --coordinator="$endpoint" --id="$i" --device="$device" --slowdown="$slowdown" \
+  "$bin/ps_worker" --coordinator="$endpoint" --id="$i" --device="$device" --slowdown="$slowdown" $worker_flags \
     >"$run_dir/logs/worker-$i.log" 2>&1 &
   pids+=($!); names+=("worker-$i")
 done

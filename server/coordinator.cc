@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 #include <kj/exception.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstdio>
@@ -300,6 +301,7 @@ class CoordinatorJob {
                                         "is not one of its workers"));
           continue;
         }
+        ++messages_during_training_;
         switch (header.getBody().which()) {
           case wire::Header::Body::REPORT: {
             json report = json::parse(header.getBody().getReport().getJson().cStr(), nullptr,
@@ -575,6 +577,17 @@ class CoordinatorJob {
     summary["wall_seconds"] = wall;
     summary["train_seconds"] = train_seconds;
     summary["train_start_time"] = train_start_unix_;
+    {
+      // What the coordinator costs: its CPU time over the whole job, and the requests it
+      // answered while workers trained (reports, leases, done), per second.
+      rusage u{};
+      getrusage(RUSAGE_SELF, &u);
+      const double cpu = u.ru_utime.tv_sec + u.ru_utime.tv_usec / 1e6 + u.ru_stime.tv_sec +
+                         u.ru_stime.tv_usec / 1e6;
+      summary["coordinator_cpu_seconds"] = cpu;
+      summary["coordinator_messages_per_sec"] =
+          train_seconds > 0 ? messages_during_training_ / train_seconds : 0.0;
+    }
     uint64_t examples = 0;
     json workers = json::array();
     for (size_t i = 0; i < workers_.size(); ++i) {
@@ -594,12 +607,13 @@ class CoordinatorJob {
                          {"examples_per_sec", secs > 0 ? n / secs : 0.0},
                          {"failed", i < results_.size() && results_[i].failed}});
       // Where the worker's time went (input from the network: copied only when well-typed).
-      if (t.contains("step_seconds") && t["step_seconds"].is_object()) {
-        json steps = json::object();
-        for (const auto& [k, v] : t["step_seconds"].items()) {
-          if (v.is_number()) steps[k] = v;
+      for (const char* key : {"step_seconds", "pull_wait_ms"}) {
+        if (!t.contains(key) || !t[key].is_object()) continue;
+        json numbers = json::object();
+        for (const auto& [k, v] : t[key].items()) {
+          if (v.is_number()) numbers[k] = v;
         }
-        workers.back()["step_seconds"] = steps;
+        workers.back()[key] = numbers;
       }
       if (t.contains("prefetch") && t["prefetch"].is_boolean()) {
         workers.back()["prefetch"] = t["prefetch"];
@@ -682,6 +696,7 @@ class CoordinatorJob {
   std::vector<WorkerResult> results_;
   Clock::time_point job_start_, train_start_;
   double train_start_unix_ = 0;  // metrics lines' "time" minus this: seconds into training
+  uint64_t messages_during_training_ = 0;  // requests from workers while the job ran
 
   // Data leases.
   struct HeldLease {

@@ -237,13 +237,14 @@ Status RunStandalone(JobConfig config, const StandaloneOptions& options,
         // The server's update: every gradient checked, then each row through the optimizer
         // at the schedule's rate for this step (a fresh gradient: staleness 0).
         for (const Param& p : params) {
-          for (float g : p.grad) {
-            if (!std::isfinite(g) || std::fabs(g) > 1e18f) {
-              outcome = InvalidArgument("step " + std::to_string(step) + " of table '" +
-                                        p.table.spec().name + "' has a gradient of " +
-                                        std::to_string(g) + ": the model diverged");
-              break;
-            }
+          // Branch-free, as the server checks (NaN fails the comparison).
+          bool bad = false;
+          for (float g : p.grad) bad |= !(std::fabs(g) <= 1e18f);
+          if (bad) {
+            outcome = InvalidArgument("step " + std::to_string(step) + " of table '" +
+                                      p.table.spec().name +
+                                      "' has a NaN, Inf or huge gradient: the model diverged");
+            break;
           }
         }
         if (!outcome.ok()) break;

@@ -239,7 +239,17 @@ Result<json> TrainingLoop::Evaluate(int epoch, bool final_eval) {
 }
 
 json TrainingLoop::Totals() const {
-  return {{"examples", examples_},
+  std::vector<float> ms = pull_wait_ms_;
+  auto percentile = [&ms](double q) -> double {
+    if (ms.empty()) return 0.0;
+    const size_t k =
+        std::min(ms.size() - 1, static_cast<size_t>(q * static_cast<double>(ms.size())));
+    std::nth_element(ms.begin(), ms.begin() + static_cast<std::ptrdiff_t>(k), ms.end());
+    return ms[k];
+  };
+  json pull_wait = {{"p50", percentile(0.5)}, {"p99", percentile(0.99)}, {"max", percentile(1.0)}};
+  return {{"pull_wait_ms", pull_wait},
+          {"examples", examples_},
           {"steps", steps_},
           {"clock", client_->clock()},
           {"seconds", seconds_},
@@ -300,6 +310,7 @@ Status TrainingLoop::TrainStep(std::span<const int64_t> examples, int epoch,
   // A prefetched pull may have been held while the last step computed: only the part of
   // the hold this step actually waited for counts as waiting.
   const double pulled_in = SecondsSince(pull_start);
+  pull_wait_ms_.push_back(static_cast<float>(pulled_in * 1e3));
   const double held = std::min(info.held_seconds, pulled_in);
   pull_seconds_ += pulled_in - held;
   if (prefetch_) {

@@ -137,7 +137,7 @@ class TrainingLoop {
   // Pulls the current model and evaluates it on the test set: an `eval` metrics line.
   Result<nlohmann::json> Evaluate(int epoch, bool final_eval);
   // examples, steps, seconds, wait_seconds, device, prefetch, step_seconds {compute, pull,
-  // push, wait}.
+  // push, wait}, pull_wait_ms {p50, p99, max}.
   nlohmann::json Totals() const;
 
  private:
@@ -167,6 +167,9 @@ class TrainingLoop {
   bool prefetched_ = false;        // a prefetch for the next step is in flight
   // Step time breakdown (see the top of this file).
   double pull_seconds_ = 0, push_seconds_ = 0, blocked_seconds_ = 0;
+  // How long each step blocked on its pull (the round trip, holds included, without
+  // prefetch; what the prefetch did not hide, with it), for percentiles in Totals().
+  std::vector<float> pull_wait_ms_;
 
   // Totals and the current report interval.
   std::chrono::steady_clock::time_point start_, last_report_;
