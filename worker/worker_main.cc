@@ -24,10 +24,9 @@ DEFINE_int32(
     batch_size, 0,
     "this worker's batch size (0: the job's, or the coordinator's with --batch_size=auto)");
 
-DEFINE_bool(prefetch, true,
-            "pull the next step's parameters while this step computes (off under BSP; the "
-            "worker's own last update then arrives one step late: staleness >= 1)");
-
+DEFINE_bool(prefetch, false,
+            "pull the next step's parameters while this step computes (never under BSP); the "
+            "worker's own last update then arrives one step late (staleness >= 1)");
 DEFINE_bool(standalone, false,
             "train the job's model in this process alone (no coordinator, no servers), with "
             "the job settings of --job_flagfile and --job_flags: the single-process baseline");
