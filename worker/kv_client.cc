@@ -194,6 +194,7 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
       p.setTableId(table);
       p.setClock(clock);
       p.setPulledVersion(pulled_version[static_cast<size_t>(server)]);
+      p.setGradDtype(static_cast<uint8_t>(options_.wire_dtype));
       return p.getKeys();
     }
     auto p = body.initPull();
@@ -214,9 +215,11 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
       o.frames.push_back(EncodeFrame(b));
       size_t first = slice.rows.begin - range->begin;
       if (push) {
-        o.frames.push_back(
-            CopyFrame(grads.data() + first * width, slice.rows.size() * width * sizeof(float)));
-        payload_bytes += o.frames.back().size();
+        const size_t n = slice.rows.size() * width;
+        zmq::message_t values(n * WireDtypeBytes(options_.wire_dtype));
+        EncodeFloats(grads.subspan(first * width, n), options_.wire_dtype, values.data());
+        payload_bytes += values.size();
+        o.frames.push_back(std::move(values));
       }
       part->is_range = true;
       part->out_row = first;
@@ -239,11 +242,12 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
       for (size_t i = 0; i < slice.positions.size(); ++i) kp[i] = keys[slice.positions[i]];
       o.frames.push_back(std::move(key_frame));
       if (push) {
-        zmq::message_t values(slice.positions.size() * width * sizeof(float));
-        float* vp = static_cast<float*>(values.data());
+        const size_t row_bytes = width * WireDtypeBytes(options_.wire_dtype);
+        zmq::message_t values(slice.positions.size() * row_bytes);
+        char* vp = static_cast<char*>(values.data());
         for (size_t i = 0; i < slice.positions.size(); ++i) {
-          std::memcpy(vp + i * width, grads.data() + slice.positions[i] * width,
-                      width * sizeof(float));
+          EncodeFloats(grads.subspan(slice.positions[i] * width, width), options_.wire_dtype,
+                       vp + i * row_bytes);
         }
         payload_bytes += values.size();
         o.frames.push_back(std::move(values));

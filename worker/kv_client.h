@@ -45,6 +45,7 @@
 #include "common/shard_map.h"
 #include "common/status.h"
 #include "common/transport.h"
+#include "common/wire_dtype.h"
 
 namespace ps {
 
@@ -56,6 +57,9 @@ struct KVClientOptions {
   int32_t client_id = 0;
   // A request not answered within this time completes with DeadlineExceeded.
   std::chrono::milliseconds request_timeout{60000};
+  // How pushed gradients travel (common/wire_dtype.h): fp32, or bf16/fp16 for half the
+  // bytes. Pulled parameters always travel as fp32.
+  WireDtype wire_dtype = WireDtype::kFp32;
 };
 
 struct KVClientStats {

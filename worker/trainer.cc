@@ -426,6 +426,7 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
   KVClientOptions copt;
   copt.client_id = reg.id;
   copt.request_timeout = options.request_timeout;
+  PS_ASSIGN_OR_RETURN(copt.wire_dtype, ParseWireDtype(options.wire_dtype));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<KVClient> client,
                       KVClient::Create(transport, config, reg.server_endpoints, copt));
   CoordinatorSink sink(reg.coordinator.get(), reg.id);
@@ -458,6 +459,7 @@ Status RunWorker(const WorkerOptions& options, Transport* transport,
     return InvalidArgument("--batch_size=" + std::to_string(options.batch_size) +
                            " is not allowed: expected 0 (the job's) or a positive count");
   }
+  PS_RETURN_IF_ERROR(ParseWireDtype(options.wire_dtype).status());
   if (!(options.slowdown >= 1)) {
     return InvalidArgument("--slowdown=" + std::to_string(options.slowdown) +
                            " is not allowed: expected a factor >= 1");

@@ -69,6 +69,8 @@ struct WorkerOptions {
   // BSP and for models that cannot prefetch. Off by default: on the default job it adds
   // ~20% examples/s but its extra staleness costs more accuracy per epoch than that buys.
   bool prefetch = false;
+  // How pushed gradients travel: "fp32", "bf16" or "fp16" (common/wire_dtype.h).
+  std::string wire_dtype = "fp32";
 };
 
 // The whole life of a worker process.

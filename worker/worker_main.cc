@@ -27,6 +27,8 @@ DEFINE_int32(
 DEFINE_bool(prefetch, false,
             "pull the next step's parameters while this step computes (never under BSP); the "
             "worker's own last update then arrives one step late (staleness >= 1)");
+DEFINE_string(wire_dtype, "fp32",
+              "how pushed gradients travel: fp32 | bf16 | fp16 (16-bit halves the bytes)");
 DEFINE_bool(standalone, false,
             "train the job's model in this process alone (no coordinator, no servers), with "
             "the job settings of --job_flagfile and --job_flags: the single-process baseline");
@@ -94,6 +96,7 @@ int main(int argc, char** argv) {
   options.slowdown = FLAGS_slowdown;
   options.batch_size = FLAGS_batch_size;
   options.prefetch = FLAGS_prefetch;
+  options.wire_dtype = FLAGS_wire_dtype;
   ps::Transport transport;
   ps::Status s = ps::RunWorker(options, &transport, g_stop);
   if (!s.ok()) {
