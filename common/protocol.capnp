@@ -178,6 +178,7 @@ struct Push {
   keys @1 :Keys;
   clock @2 :Int64;            # the pushing worker's clock (x num_workers: the schedule's iteration)
   pulledVersion @3 :UInt64;   # the shard version the gradient was computed from
+  gradDtype @4 :UInt8;        # the values frame's type: 0 fp32, 1 bf16, 2 fp16 (common/wire_dtype.h)
 }
 
 struct PushReply {

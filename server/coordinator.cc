@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 #include <kj/exception.h>
 #include <unistd.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cmath>
@@ -331,6 +332,7 @@ class CoordinatorJob {
     for (auto* group : {&servers_, &workers_}) {
       for (Member& m : *group) m.last_seen = train_start_;
     }
+    train_start_unix_ = UnixSeconds();
     std::printf("job assembled: %d servers, %d workers; training %d epochs\n", config_.num_servers,
                 config_.num_workers, config_.epochs);
     std::fflush(stdout);
@@ -770,6 +772,7 @@ class CoordinatorJob {
                                         "is not one of its workers"));
           continue;
         }
+        ++messages_during_training_;
         switch (header.getBody().which()) {
           case wire::Header::Body::REPORT: {
             json report = json::parse(header.getBody().getReport().getJson().cStr(), nullptr,
@@ -1107,6 +1110,18 @@ class CoordinatorJob {
     summary["epochs"] = config_.epochs;
     summary["wall_seconds"] = wall;
     summary["train_seconds"] = train_seconds;
+    summary["train_start_time"] = train_start_unix_;
+    {
+      // What the coordinator costs: its CPU time over the whole job, and the requests it
+      // answered while workers trained (reports, leases, done), per second.
+      rusage u{};
+      getrusage(RUSAGE_SELF, &u);
+      const double cpu = u.ru_utime.tv_sec + u.ru_utime.tv_usec / 1e6 + u.ru_stime.tv_sec +
+                         u.ru_stime.tv_usec / 1e6;
+      summary["coordinator_cpu_seconds"] = cpu;
+      summary["coordinator_messages_per_sec"] =
+          train_seconds > 0 ? messages_during_training_ / train_seconds : 0.0;
+    }
     uint64_t examples = 0;
     json workers = json::array();
     for (size_t i = 0; i < workers_.size(); ++i) {
@@ -1131,6 +1146,18 @@ class CoordinatorJob {
                                                       : "finished"},
                          {"joined", workers_[i].joined},
                          {"pushes_lost", t.value("pushes_lost", uint64_t{0})}});
+      // Where the worker's time went (input from the network: copied only when well-typed).
+      for (const char* key : {"step_seconds", "pull_wait_ms"}) {
+        if (!t.contains(key) || !t[key].is_object()) continue;
+        json numbers = json::object();
+        for (const auto& [k, v] : t[key].items()) {
+          if (v.is_number()) numbers[k] = v;
+        }
+        workers.back()[key] = numbers;
+      }
+      if (t.contains("prefetch") && t["prefetch"].is_boolean()) {
+        workers.back()["prefetch"] = t["prefetch"];
+      }
     }
     summary["examples"] = examples;
     summary["examples_per_epoch"] = leases_.examples_per_epoch();
@@ -1254,6 +1281,8 @@ class CoordinatorJob {
   std::vector<Member> servers_, workers_;
   std::vector<WorkerResult> results_;
   Clock::time_point job_start_, train_start_;
+  double train_start_unix_ = 0;  // metrics lines' "time" minus this: seconds into training
+  uint64_t messages_during_training_ = 0;  // requests from workers while the job ran
 
   // Data leases.
   struct HeldLease {

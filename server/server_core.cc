@@ -409,14 +409,36 @@ Result<Frames> ServerCore::HandlePush(wire::Header::Reader h, const Frames& requ
                            std::to_string(a.next_frame + 1));
   }
   const size_t width = a.table->width();
-  PS_ASSIGN_OR_RETURN(std::span<const float> grads, FrameAs<float>(request[a.next_frame]));
+  // 16-bit gradients (--wire_dtype) are widened here: everything below sees fp32.
+  PS_ASSIGN_OR_RETURN(WireDtype dtype, WireDtypeFromWire(push.getGradDtype()));
+  const zmq::message_t& values = request[a.next_frame];
+  std::vector<float> widened;
+  std::span<const float> grads;
+  if (dtype == WireDtype::kFp32) {
+    PS_ASSIGN_OR_RETURN(grads, FrameAs<float>(values));
+  } else {
+    if (values.size() != a.rows * width * WireDtypeBytes(dtype)) {
+      return InvalidArgument("push to table '" + a.table->spec().name + "' carries " +
+                             std::to_string(values.size()) + " bytes of " + WireDtypeName(dtype) +
+                             ", expected " + std::to_string(a.rows) + " rows x " +
+                             std::to_string(width) + " x 2");
+    }
+    widened.resize(a.rows * width);
+    DecodeFloats(values.data(), dtype, widened);
+    grads = widened;
+  }
   if (grads.size() != a.rows * width) {
     return InvalidArgument("push to table '" + a.table->spec().name + "' carries " +
                            std::to_string(grads.size()) + " floats, expected " +
                            std::to_string(a.rows) + " rows x " + std::to_string(width) + " = " +
                            std::to_string(a.rows * width));
   }
-  for (size_t i = 0; i < grads.size(); ++i) {
+  // One branch-free pass first (it vectorizes: NaN fails every comparison, so
+  // !(|g| <= limit) catches NaN, Inf and huge values alike); the scan below runs only to
+  // name the bad value.
+  bool bad = false;
+  for (float g : grads) bad |= !(std::fabs(g) <= kMaxAbsGradient);
+  for (size_t i = 0; bad && i < grads.size(); ++i) {
     if (!std::isfinite(grads[i])) {
       return InvalidArgument("push to table '" + a.table->spec().name +
                              "' has a non-finite gradient (" + std::to_string(grads[i]) +
@@ -466,7 +488,7 @@ Result<Frames> ServerCore::HandlePush(wire::Header::Reader h, const Frames& requ
   }));
   ++shard_version_[table_id];
   ++stats_.pushes_applied;
-  stats_.bytes_pushed += grads.size_bytes();
+  stats_.bytes_pushed += values.size();
   RecordStaleness(staleness);
   reply.setRowsApplied(a.rows);
   reply.setLearningRate(lr);

@@ -42,6 +42,7 @@
 #include "common/status.h"
 #include "common/transport.h"
 #include "common/wire.h"
+#include "common/wire_dtype.h"
 #include "server/lr_policy.h"
 #include "server/optimizer.h"
 #include "server/recent_requests.h"

@@ -139,16 +139,18 @@ Ticket KVClient::Pull(uint32_t table, std::span<const uint64_t> keys, std::span<
   return Submit(false, table, keys, nullptr, {}, out, std::move(done));
 }
 Ticket KVClient::PushRange(uint32_t table, RowRange rows, std::span<const float> grads,
-                           Callback done) {
-  return Submit(true, table, {}, &rows, grads, {}, std::move(done));
+                           Callback done, std::span<const uint64_t> pulled_versions) {
+  return Submit(true, table, {}, &rows, grads, {}, std::move(done), -1, pulled_versions);
 }
-Ticket KVClient::PullRange(uint32_t table, RowRange rows, std::span<float> out, Callback done) {
-  return Submit(false, table, {}, &rows, {}, out, std::move(done));
+Ticket KVClient::PullRange(uint32_t table, RowRange rows, std::span<float> out, Callback done,
+                           int64_t clock) {
+  return Submit(false, table, {}, &rows, {}, out, std::move(done), clock);
 }
 
 Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> keys,
                         const RowRange* range, std::span<const float> grads, std::span<float> out,
-                        Callback done) {
+                        Callback done, int64_t pull_clock,
+                        std::span<const uint64_t> pulled_versions) {
   if (table >= config_.table_specs.size()) {
     return Fail(NotFound("table id " + std::to_string(table) + " is unknown"), std::move(done));
   }
@@ -194,11 +196,14 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
   std::vector<uint64_t> request_ids;  // parallel to parts
   std::vector<Outgoing> outgoing;
   const auto deadline = SteadyClock::now() + options_.request_timeout;
-  const int64_t clock = clock_.load();
+  const int64_t clock = !push && pull_clock >= 0 ? pull_clock : clock_.load();
   std::vector<uint64_t> pulled_version;
   if (push) {
     std::lock_guard<std::mutex> lock(mu_);
     pulled_version = pulled_version_[table];
+  }
+  if (push && pulled_versions.size() == pulled_version.size()) {
+    pulled_version.assign(pulled_versions.begin(), pulled_versions.end());
   }
   auto header = [&](capnp::MallocMessageBuilder& b, uint64_t rid, int server) {
     auto body = NewHeader(b, rid, options_.client_id).getBody();
@@ -207,6 +212,7 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
       p.setTableId(table);
       p.setClock(clock);
       p.setPulledVersion(pulled_version[static_cast<size_t>(server)]);
+      p.setGradDtype(static_cast<uint8_t>(options_.wire_dtype));
       return p.getKeys();
     }
     auto p = body.initPull();
@@ -227,9 +233,11 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
       o.frames.push_back(EncodeFrame(b));
       size_t first = slice.rows.begin - range->begin;
       if (push) {
-        o.frames.push_back(
-            CopyFrame(grads.data() + first * width, slice.rows.size() * width * sizeof(float)));
-        payload_bytes += o.frames.back().size();
+        const size_t n = slice.rows.size() * width;
+        zmq::message_t values(n * WireDtypeBytes(options_.wire_dtype));
+        EncodeFloats(grads.subspan(first * width, n), options_.wire_dtype, values.data());
+        payload_bytes += values.size();
+        o.frames.push_back(std::move(values));
       }
       part->is_range = true;
       part->out_row = first;
@@ -252,11 +260,12 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
       for (size_t i = 0; i < slice.positions.size(); ++i) kp[i] = keys[slice.positions[i]];
       o.frames.push_back(std::move(key_frame));
       if (push) {
-        zmq::message_t values(slice.positions.size() * width * sizeof(float));
-        float* vp = static_cast<float*>(values.data());
+        const size_t row_bytes = width * WireDtypeBytes(options_.wire_dtype);
+        zmq::message_t values(slice.positions.size() * row_bytes);
+        char* vp = static_cast<char*>(values.data());
         for (size_t i = 0; i < slice.positions.size(); ++i) {
-          std::memcpy(vp + i * width, grads.data() + slice.positions[i] * width,
-                      width * sizeof(float));
+          EncodeFloats(grads.subspan(slice.positions[i] * width, width), options_.wire_dtype,
+                       vp + i * row_bytes);
         }
         payload_bytes += values.size();
         o.frames.push_back(std::move(values));
@@ -488,6 +497,8 @@ void KVClient::OnReply(int server, Frames frames) {
       RequestInfo& info = part->request->info;
       info.held_seconds = std::max(info.held_seconds, r.getHeldMicros() / 1e6);
       info.clock_lag = std::max(info.clock_lag, r.getClockLag());
+      if (info.versions.empty()) info.versions.assign(pulled_version_[part->table].size(), 0);
+      info.versions[static_cast<size_t>(server)] = r.getVersion();
     }
   } catch (const kj::Exception& e) {
     status = Internal(std::string("malformed reply: ") + e.getDescription().cStr());

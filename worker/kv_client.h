@@ -51,6 +51,7 @@
 #include "common/shard_map.h"
 #include "common/status.h"
 #include "common/transport.h"
+#include "common/wire_dtype.h"
 
 namespace ps {
 
@@ -68,6 +69,9 @@ struct KVClientOptions {
   std::function<void(bool push, double seconds, bool ok)> on_request_done;
   // A part not answered within this time is sent again, same request id (0: never).
   std::chrono::milliseconds retry_interval{10000};
+  // How pushed gradients travel (common/wire_dtype.h): fp32, or bf16/fp16 for half the
+  // bytes. Pulled parameters always travel as fp32.
+  WireDtype wire_dtype = WireDtype::kFp32;
 };
 
 struct KVClientStats {
@@ -91,6 +95,11 @@ struct RequestInfo {
   // clock lag a server saw when it answered.
   double held_seconds = 0;
   int64_t clock_lag = 0;
+  // Pulls: the table shard's version each server answered with, by server id (0 for a
+  // server that held no part). A push computed from this pull passes them back
+  // (PushRange's pulled_versions), so that its staleness is counted from this pull even
+  // when later pulls were answered meanwhile (prefetching).
+  std::vector<uint64_t> versions;
 };
 
 class KVClient {
@@ -113,10 +122,16 @@ class KVClient {
   // out receives keys.size() * width floats, row by row.
   Ticket Pull(uint32_t table, std::span<const uint64_t> keys, std::span<float> out,
               Callback done = nullptr);
-  // Dense tables: rows [rows.begin, rows.end).
+  // Dense tables: rows [rows.begin, rows.end). `pulled_versions` (by server id, from the
+  // RequestInfo of the pull the gradient was computed from) overrides the versions of the
+  // last pull answered; empty: the last pull's.
   Ticket PushRange(uint32_t table, RowRange rows, std::span<const float> grads,
-                   Callback done = nullptr);
-  Ticket PullRange(uint32_t table, RowRange rows, std::span<float> out, Callback done = nullptr);
+                   Callback done = nullptr, std::span<const uint64_t> pulled_versions = {});
+  // `clock` >= 0 tags the pull with that clock instead of the current one: a pull issued
+  // ahead for the next step (prefetch) carries clock() + 1, so that the servers' staleness
+  // gate checks the clock its rows will be used at.
+  Ticket PullRange(uint32_t table, RowRange rows, std::span<float> out, Callback done = nullptr,
+                   int64_t clock = -1);
 
   // Completes the current clock (one step) on every server; pulls after it carry the new
   // clock. Returns a ticket for the servers' acknowledgements.
@@ -147,7 +162,8 @@ class KVClient {
   KVClient(const JobConfig& config, const KVClientOptions& options);
   Status Start(Transport* transport, const std::vector<std::string>& endpoints);
   Ticket Submit(bool push, uint32_t table, std::span<const uint64_t> keys, const RowRange* range,
-                std::span<const float> grads, std::span<float> out, Callback done);
+                std::span<const float> grads, std::span<float> out, Callback done,
+                int64_t clock = -1, std::span<const uint64_t> pulled_versions = {});
   Ticket Fail(const Status& status, Callback done);
   Ticket SendClock(bool leave, bool rejoin, Callback done);
   // Registers a request of `parts` (with their request ids) and queues their frames.

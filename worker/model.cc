@@ -14,11 +14,15 @@ namespace {
 
 using nlohmann::json;
 
-Status WaitAll(KVClient& client, const std::vector<Ticket>& tickets, RequestInfo* info) {
+Status WaitAll(KVClient& client, const std::vector<Ticket>& tickets, RequestInfo* info,
+               std::vector<std::vector<uint64_t>>* versions = nullptr) {
   Status first;
-  for (Ticket t : tickets) {
+  if (versions != nullptr) versions->assign(tickets.size(), {});
+  for (size_t i = 0; i < tickets.size(); ++i) {
+    Ticket t = tickets[i];
     RequestInfo one;
     Status s = client.Wait(t, &one);
+    if (versions != nullptr) (*versions)[i] = std::move(one.versions);
     if (first.ok()) first = s;
     // The requests were held side by side: the step waited as long as the longest.
     if (info != nullptr) {
@@ -44,7 +48,7 @@ class MlpModel final : public TrainableModel {
       : config_(config), mlp_(std::move(mlp)), train_(std::move(train)), test_(std::move(test)) {
     for (size_t i = 0; i < MlpParamSizes(mlp_->shape()).size(); ++i) {
       const TableSpec& t = config_.table_specs[i];
-      params_.emplace_back(t.rows * t.width);
+      params_[0].emplace_back(t.rows * t.width);
       grads_.emplace_back(t.rows * t.width);
     }
     dim_ = static_cast<size_t>(train_.rows) * static_cast<size_t>(train_.cols);
@@ -54,12 +58,27 @@ class MlpModel final : public TrainableModel {
   int max_batch() const override { return mlp_->max_batch(); }
 
   Status Pull(KVClient& client, std::span<const int64_t>, RequestInfo* info) override {
-    std::vector<Ticket> tickets;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const TableSpec& t = config_.table_specs[i];
-      tickets.push_back(client.PullRange(t.id, RowRange{0, t.rows}, params_[i]));
-    }
-    return WaitAll(client, tickets, info);
+    return WaitAll(client, IssuePull(client, cur_, -1), info, &versions_);
+  }
+
+  bool CanPrefetch() const override { return true; }
+
+  Status StartPull(KVClient& client, int64_t clock) override {
+    if (!prefetch_.empty()) return Internal("a prefetch is already in flight");
+    const int next = 1 - cur_;
+    if (params_[next].empty()) params_[next] = params_[cur_];  // sized once, on first use
+    prefetch_ = IssuePull(client, next, clock);
+    return Status::Ok();
+  }
+
+  Status FinishPull(KVClient& client, RequestInfo* info) override {
+    if (prefetch_.empty()) return Internal("no prefetch in flight");
+    std::vector<Ticket> tickets = std::move(prefetch_);
+    prefetch_.clear();
+    // The buffers switch only now: the step that computed meanwhile read the other one.
+    PS_RETURN_IF_ERROR(WaitAll(client, tickets, info, &versions_));
+    cur_ = 1 - cur_;
+    return Status::Ok();
   }
 
   Status Compute(std::span<const int64_t> examples, float grad_scale,
@@ -81,13 +100,16 @@ class MlpModel final : public TrainableModel {
         for (float& v : g) v *= grad_scale;
       }
     }
+    pushed_versions_ = versions_;
     return Status::Ok();
   }
 
   void Push(KVClient& client, std::vector<Ticket>* tickets) override {
     for (size_t i = 0; i < grads_.size(); ++i) {
       const TableSpec& t = config_.table_specs[i];
-      tickets->push_back(client.PushRange(t.id, RowRange{0, t.rows}, grads_[i]));
+      std::span<const uint64_t> v;
+      if (i < pushed_versions_.size()) v = pushed_versions_[i];
+      tickets->push_back(client.PushRange(t.id, RowRange{0, t.rows}, grads_[i], nullptr, v));
     }
   }
 
@@ -103,9 +125,19 @@ class MlpModel final : public TrainableModel {
   }
 
  private:
+  std::vector<Ticket> IssuePull(KVClient& client, int buffer, int64_t clock) {
+    std::vector<Ticket> tickets;
+    for (size_t i = 0; i < params_[buffer].size(); ++i) {
+      const TableSpec& t = config_.table_specs[i];
+      tickets.push_back(
+          client.PullRange(t.id, RowRange{0, t.rows}, params_[buffer][i], nullptr, clock));
+    }
+    return tickets;
+  }
+
   std::vector<const float*> ConstParams() const {
     std::vector<const float*> p;
-    for (const auto& v : params_) p.push_back(v.data());
+    for (const auto& v : params_[cur_]) p.push_back(v.data());
     return p;
   }
 
@@ -113,7 +145,14 @@ class MlpModel final : public TrainableModel {
   std::unique_ptr<Mlp> mlp_;
   ImageDataset train_, test_;
   size_t dim_ = 0;
-  std::vector<std::vector<float>> params_, grads_;
+  // Two parameter buffers: Compute reads params_[cur_] while a prefetch fills the other.
+  std::vector<std::vector<float>> params_[2];
+  int cur_ = 0;
+  std::vector<Ticket> prefetch_;  // the prefetch in flight, if any
+  // Per table, the shard versions of the pull params_[cur_] came from, and of the pull the
+  // last gradient was computed from (what its push reports).
+  std::vector<std::vector<uint64_t>> versions_, pushed_versions_;
+  std::vector<std::vector<float>> grads_;
   std::vector<float> x_;
   std::vector<int32_t> y_;
 };

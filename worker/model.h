@@ -40,6 +40,19 @@ class TrainableModel {
                          BatchResult* result) = 0;
   // Pushes the last gradient; appends one ticket per request.
   virtual void Push(KVClient& client, std::vector<Ticket>* tickets) = 0;
+
+  // Prefetch, for models whose pulls do not depend on the batch (the MLP): StartPull issues
+  // the next step's pull into a second buffer, tagged with `clock` (the clock the rows will
+  // be used at), and returns at once; FinishPull waits for it and makes it the parameters
+  // the next Compute uses (instead of Pull). The push of the step computing meanwhile still
+  // carries the versions of the pull it was computed from.
+  virtual bool CanPrefetch() const { return false; }
+  virtual Status StartPull(KVClient&, int64_t) {
+    return FailedPrecondition("this model does not prefetch");
+  }
+  virtual Status FinishPull(KVClient&, RequestInfo*) {
+    return FailedPrecondition("this model does not prefetch");
+  }
   // Pulls the current model and evaluates the test set: {"test_examples", "test_loss",
   // "test_accuracy"} and, for binary models, "test_auc".
   virtual Result<nlohmann::json> Evaluate(KVClient& client) = 0;

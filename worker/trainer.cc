@@ -210,7 +210,7 @@ class CoordinatorChunkSource final : public ChunkSource {
 
 TrainingLoop::TrainingLoop(const JobConfig& config, int worker_id, KVClient* client,
                            TrainableModel* model, ProgressSink* sink, ChunkSource* chunks,
-                           std::string device, double slowdown, int batch_size)
+                           std::string device, double slowdown, int batch_size, bool prefetch)
     : config_(config),
       worker_id_(worker_id),
       client_(client),
@@ -220,7 +220,11 @@ TrainingLoop::TrainingLoop(const JobConfig& config, int worker_id, KVClient* cli
       device_(std::move(device)),
       slowdown_(slowdown),
       fixed_batch_(batch_size),
-      batch_(batch_size > 0 ? batch_size : config.batch_size) {}
+      batch_(batch_size > 0 ? batch_size : config.batch_size) {
+  bool bsp = false;
+  for (const TableSpec& t : config.table_specs) bsp = bsp || config.StalenessOf(t) == 0;
+  prefetch_ = prefetch && !bsp && model->CanPrefetch();
+}
 
 void TrainingLoop::SignalGroup(int64_t command) {
   if (group_ == nullptr) return;
@@ -230,6 +234,7 @@ void TrainingLoop::SignalGroup(int64_t command) {
 }
 
 Status TrainingLoop::WaitInFlight() {
+  auto start = SteadyClock::now();
   Status first;
   for (Ticket t : in_flight_) {
     Status s = client_->Wait(t);
@@ -237,17 +242,28 @@ Status TrainingLoop::WaitInFlight() {
     if (first.ok()) first = s;
   }
   in_flight_.clear();
+  blocked_seconds_ += SecondsSince(start);
   return first;
+}
+
+Status TrainingLoop::DrainPrefetch() {
+  if (!prefetched_) return Status::Ok();
+  prefetched_ = false;
+  RequestInfo info;
+  return model_->FinishPull(*client_, &info);
 }
 
 Status TrainingLoop::PushAndTick() {
   PS_RETURN_IF_ERROR(WaitInFlight());
+  auto start = SteadyClock::now();
   model_->Push(*client_, &in_flight_);
   in_flight_.push_back(client_->Clock());
+  push_seconds_ += SecondsSince(start);
   return Status::Ok();
 }
 
 Result<json> TrainingLoop::Evaluate(int epoch, bool final_eval) {
+  PS_RETURN_IF_ERROR(DrainPrefetch());
   PS_RETURN_IF_ERROR(WaitInFlight());
   PS_ASSIGN_OR_RETURN(json line, model_->Evaluate(*client_));
   line["kind"] = "eval";
@@ -257,11 +273,31 @@ Result<json> TrainingLoop::Evaluate(int epoch, bool final_eval) {
 }
 
 json TrainingLoop::Totals() const {
-  return {{"examples", examples_},         {"steps", steps_},
-          {"clock", client_->clock()},     {"seconds", prior_seconds_ + seconds_},
-          {"wait_seconds", wait_seconds_}, {"compute_seconds", compute_seconds_},
-          {"batch_size", batch_},          {"device", device_},
-          {"pushes_lost", pushes_lost_}};
+  std::vector<float> ms = pull_wait_ms_;
+  auto percentile = [&ms](double q) -> double {
+    if (ms.empty()) return 0.0;
+    const size_t k =
+        std::min(ms.size() - 1, static_cast<size_t>(q * static_cast<double>(ms.size())));
+    std::nth_element(ms.begin(), ms.begin() + static_cast<std::ptrdiff_t>(k), ms.end());
+    return ms[k];
+  };
+  json pull_wait = {{"p50", percentile(0.5)}, {"p99", percentile(0.99)}, {"max", percentile(1.0)}};
+  return {{"pull_wait_ms", pull_wait},
+          {"examples", examples_},
+          {"steps", steps_},
+          {"clock", client_->clock()},
+          {"seconds", prior_seconds_ + seconds_},
+          {"wait_seconds", wait_seconds_},
+          {"compute_seconds", compute_seconds_},
+          {"batch_size", batch_},
+          {"device", device_},
+          {"prefetch", prefetch_},
+          {"pushes_lost", pushes_lost_},
+          {"step_seconds",
+           {{"compute", compute_seconds_},
+            {"pull", pull_seconds_},
+            {"push", push_seconds_},
+            {"wait", wait_seconds_ + blocked_seconds_}}}};
 }
 
 Status TrainingLoop::ReportTraining(int epoch, double epoch_fraction, bool force) {
@@ -299,7 +335,25 @@ Status TrainingLoop::ReportTraining(int epoch, double epoch_fraction, bool force
 Status TrainingLoop::TrainStep(std::span<const int64_t> examples, int epoch,
                                double epoch_fraction) {
   RequestInfo info;
-  PS_RETURN_IF_ERROR(model_->Pull(*client_, examples, &info));
+  auto pull_start = SteadyClock::now();
+  if (prefetched_) {
+    prefetched_ = false;
+    PS_RETURN_IF_ERROR(model_->FinishPull(*client_, &info));
+  } else {
+    PS_RETURN_IF_ERROR(model_->Pull(*client_, examples, &info));
+  }
+  // A prefetched pull may have been held while the last step computed: only the part of
+  // the hold this step actually waited for counts as waiting.
+  const double pulled_in = SecondsSince(pull_start);
+  pull_wait_ms_.push_back(static_cast<float>(pulled_in * 1e3));
+  const double held = std::min(info.held_seconds, pulled_in);
+  pull_seconds_ += pulled_in - held;
+  if (prefetch_) {
+    // The next step's pull, behind this step's compute; it will be used at clock + 1.
+    PS_RETURN_IF_ERROR(model_->StartPull(*client_, client_->clock() + 1));
+    prefetched_ = true;
+  }
+  pull_seconds_ += SecondsSince(pull_start) - pulled_in;  // issuing the prefetch
   auto compute_start = SteadyClock::now();
   // A push is its batch's mean gradient; scaled by n / batch_size, every example weighs the
   // same in the model whichever worker, and whichever batch size, it went through.
@@ -314,8 +368,8 @@ Status TrainingLoop::TrainStep(std::span<const int64_t> examples, int epoch,
   PS_RETURN_IF_ERROR(PushAndTick());
   ++steps_;
   examples_ += static_cast<int64_t>(examples.size());
-  wait_seconds_ += info.held_seconds;
-  interval_wait_ += info.held_seconds;
+  wait_seconds_ += held;
+  interval_wait_ += held;
   interval_lag_ = std::max(interval_lag_, info.clock_lag);
   interval_.loss_sum += br.loss_sum;
   interval_.correct += br.correct;
@@ -365,6 +419,7 @@ Status TrainingLoop::TrainChunk(const LeaseTable::Lease& lease, const std::atomi
 
 Status TrainingLoop::LeaveJob(ChunkSource::Request request, int epoch) {
   PS_RETURN_IF_ERROR(ReportTraining(epoch, 1.0, true));
+  PS_RETURN_IF_ERROR(DrainPrefetch());
   PS_RETURN_IF_ERROR(WaitInFlight());  // every push acknowledged
   if (in_clock_table_) PS_RETURN_IF_ERROR(client_->Wait(client_->Leave()));
   in_clock_table_ = false;
@@ -408,6 +463,7 @@ Status TrainingLoop::Run(const std::atomic<bool>& stop) {
     if (next.kind == ChunkSource::Next::Kind::kWait) {
       // Nothing to lease until another worker's chunk comes back or the job ends: out of the
       // clock table meanwhile, so that nobody waits on this worker's clock.
+      PS_RETURN_IF_ERROR(DrainPrefetch());
       PS_RETURN_IF_ERROR(WaitInFlight());
       PS_RETURN_IF_ERROR(client_->Wait(client_->Leave()));
       in_clock_table_ = false;
@@ -430,6 +486,7 @@ Status TrainingLoop::Run(const std::atomic<bool>& stop) {
   }
   SignalGroup(kGroupFinished);
   PS_RETURN_IF_ERROR(ReportTraining(epoch, 1.0, true));
+  PS_RETURN_IF_ERROR(DrainPrefetch());
   PS_RETURN_IF_ERROR(WaitInFlight());
   seconds_ = SecondsSince(start_);
   // Nobody waits on a worker that has finished.
@@ -470,13 +527,16 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
     };
   }
   copt.retry_interval = options.retry_interval;
+  PS_ASSIGN_OR_RETURN(copt.wire_dtype, ParseWireDtype(options.wire_dtype));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<KVClient> client,
                       KVClient::Create(transport, config, reg.server_endpoints, copt));
   CoordinatorSink sink(reg.coordinator.get(), reg.id);
   if (metrics) sink.SetMetrics(&*metrics, client.get());
   CoordinatorChunkSource chunks(reg.coordinator.get());
   TrainingLoop loop(config, reg.id, client.get(), model.get(), &sink, &chunks,
-                    kernels->DeviceName(), options.slowdown, options.batch_size);
+                    kernels->DeviceName(), options.slowdown, options.batch_size, options.prefetch);
+  LOG(INFO) << "prefetch " << (loop.prefetching() ? "on" : "off")
+            << (options.prefetch && !loop.prefetching() ? " (BSP, or a model that cannot)" : "");
   std::unique_ptr<GroupComm> group;
   if (reg.group.size > 1) {
     GroupCommOptions gopt;
@@ -545,6 +605,7 @@ Status RunWorker(const WorkerOptions& options, Transport* transport,
     return InvalidArgument("--batch_size=" + std::to_string(options.batch_size) +
                            " is not allowed: expected 0 (the job's) or a positive count");
   }
+  PS_RETURN_IF_ERROR(ParseWireDtype(options.wire_dtype).status());
   if (!(options.slowdown >= 1)) {
     return InvalidArgument("--slowdown=" + std::to_string(options.slowdown) +
                            " is not allowed: expected a factor >= 1");

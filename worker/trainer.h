@@ -20,8 +20,22 @@
 // joined a running job: it starts out of the clock table and enters it, at the slowest
 // live worker's clock, with its first chunk.
 //
-// Thread model: one thread drives a TrainingLoop; the KVClient has its own I/O thread, the
-// heartbeat sender another.
+// Prefetch (WorkerOptions::prefetch, off by default: see README "Speed and scaling"): the pull for
+// step t + 1 goes out before step t computes, tagged with clock t + 1, so that its round trip hides
+// behind the compute. Its rows then lack this worker's own step-t gradient (pushed after
+// it): the worker's view is one step older in its own updates, and the server counts each
+// push as staleness >= 1. The staleness bound S still holds for everyone's updates (the
+// servers gate the pull at clock t + 1: every update from clocks <= t - S is in it, own
+// ones included since S >= 1). Under BSP (a bound of 0 on any table) it would break
+// lockstep semantics, so it is off there. Only models whose pulls do not depend on the
+// batch prefetch (the MLP); sparse LR pulls as before.
+//
+// Step time breakdown (Totals()["step_seconds"]): `pull` blocked on pull replies (minus
+// the servers' holds), `wait` blocked by the staleness bound (the holds) or on the previous
+// step's push acknowledgements, `compute` forward/backward (and --slowdown), `push`
+// issuing the pushes and the clock tick.
+//
+// Thread model: one thread drives a TrainingLoop; the KVClient has its own I/O thread.
 #pragma once
 
 #include <atomic>
@@ -71,6 +85,12 @@ struct WorkerOptions {
   std::chrono::milliseconds drain_timeout{10000};
   // A request part not answered within this time is sent again (KVClientOptions).
   std::chrono::milliseconds retry_interval{10000};
+  // Pull the next step's parameters while this step computes (see above). Ignored under
+  // BSP and for models that cannot prefetch. Off by default: on the default job it adds
+  // ~20% examples/s but its extra staleness costs more accuracy per epoch than that buys.
+  bool prefetch = false;
+  // How pushed gradients travel: "fp32", "bf16" or "fp16" (common/wire_dtype.h).
+  std::string wire_dtype = "fp32";
 };
 
 // The whole life of a worker process.
@@ -131,7 +151,10 @@ class TrainingLoop {
   // (or the chunk source's); the model's max_batch must cover what the source may ask for.
   TrainingLoop(const JobConfig& config, int worker_id, KVClient* client, TrainableModel* model,
                ProgressSink* sink, ChunkSource* chunks, std::string device, double slowdown = 1,
-               int batch_size = 0);
+               int batch_size = 0, bool prefetch = false);
+
+  // Whether this loop prefetches: asked for, the model can, and no table is BSP.
+  bool prefetching() const { return prefetch_; }
 
   // Trains on leased chunks until every epoch is done, then leaves the clock table. When
   // `stop` is set, drains instead (see the top of this file): left_job() is then true.
@@ -143,7 +166,8 @@ class TrainingLoop {
   void set_joined() { in_clock_table_ = false; }
   // Pulls the current model and evaluates it on the test set: an `eval` metrics line.
   Result<nlohmann::json> Evaluate(int epoch, bool final_eval);
-  // examples, steps, seconds, wait_seconds, device.
+  // examples, steps, seconds, wait_seconds, device, prefetch, step_seconds {compute, pull,
+  // push, wait}, pull_wait_ms {p50, p99, max}.
   nlohmann::json Totals() const;
   // Makes this loop the leader of an all-reduce group (worker/group_trainer.h): each step
   // then covers group->size() batches, one per member, and pushes their sum. Borrowed;
@@ -165,6 +189,8 @@ class TrainingLoop {
   void SignalGroup(int64_t command);
   Status PushAndTick();
   Status WaitInFlight();
+  // Waits for a prefetch in flight, if any (before evaluating, leaving, or finishing).
+  Status DrainPrefetch();
   // *finished: false when `stop` cut the chunk short.
   Status TrainChunk(const LeaseTable::Lease& lease, const std::atomic<bool>& stop, bool* finished);
   // Flushes pushes, leaves the clock table and tells the chunk source this worker leaves,
@@ -194,6 +220,13 @@ class TrainingLoop {
   bool stop_seen_ = false;
   std::chrono::steady_clock::time_point stop_time_;
   uint64_t pushes_lost_ = 0;  // push or tick requests that failed (not acknowledged)
+  bool prefetch_ = false;          // prefetching at all
+  bool prefetched_ = false;        // a prefetch for the next step is in flight
+  // Step time breakdown (see the top of this file).
+  double pull_seconds_ = 0, push_seconds_ = 0, blocked_seconds_ = 0;
+  // How long each step blocked on its pull (the round trip, holds included, without
+  // prefetch; what the prefetch did not hide, with it), for percentiles in Totals().
+  std::vector<float> pull_wait_ms_;
 
   // Totals and the current report interval.
   std::chrono::steady_clock::time_point start_, last_report_;

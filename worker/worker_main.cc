@@ -6,9 +6,12 @@
 #include <csignal>
 #include <cstdlib>
 #include <thread>
+#include <ctime>
+#include <map>
 
 #include "common/metrics.h"
 #include "kernels/kernels.h"
+#include "worker/standalone.h"
 #include "worker/trainer.h"
 
 DEFINE_string(coordinator, "", "the coordinator's endpoint, e.g. tcp://127.0.0.1:7000 (required)");
@@ -36,6 +39,19 @@ DEFINE_int32(drain_timeout_ms, 10000,
              "within this time (after it the process exits with status 3)");
 DEFINE_int32(retry_ms, 10000,
              "resend a push or pull not answered within this time, same request id (0: never)");
+DEFINE_bool(prefetch, false,
+            "pull the next step's parameters while this step computes (never under BSP); the "
+            "worker's own last update then arrives one step late (staleness >= 1)");
+DEFINE_string(wire_dtype, "fp32",
+              "how pushed gradients travel: fp32 | bf16 | fp16 (16-bit halves the bytes)");
+DEFINE_bool(standalone, false,
+            "train the job's model in this process alone (no coordinator, no servers), with "
+            "the job settings of --job_flagfile and --job_flags: the single-process baseline");
+DEFINE_string(job_flagfile, "configs/fashion_mnist_mlp.flags",
+              "--standalone: the job's flagfile (as ps_coordinator reads it)");
+DEFINE_string(job_flags, "",
+              "--standalone: job setting overrides, space-separated, e.g. \"--epochs=1\"");
+DEFINE_string(run_dir, "", "--standalone: run directory (default runs/<time>-standalone)");
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -59,6 +75,38 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  if (FLAGS_standalone) {
+    std::signal(SIGTERM, OnSignal);
+    std::signal(SIGINT, OnSignal);
+    ps::EnableFlushToZero();
+    std::map<std::string, std::string> flags;
+    ps::Status s = ps::ReadJobFlagFile(FLAGS_job_flagfile, &flags);
+    if (s.ok()) s = ps::ApplyJobFlagOverrides(FLAGS_job_flags, &flags);
+    if (!s.ok()) {
+      LOG(ERROR) << "ps_worker --standalone: " << s.ToString();
+      return 2;
+    }
+    ps::Result<ps::JobConfig> config = ps::JobConfig::FromFlagMap(flags);
+    if (!config.ok()) {
+      LOG(ERROR) << "bad job config: " << config.status().message();
+      return 2;
+    }
+    ps::StandaloneOptions options;
+    options.device = FLAGS_device;
+    options.run_dir = FLAGS_run_dir;
+    if (options.run_dir.empty()) {
+      char buf[64];
+      std::time_t t = std::time(nullptr);
+      std::strftime(buf, sizeof(buf), "runs/%Y%m%d-%H%M%S-standalone", std::localtime(&t));
+      options.run_dir = buf;
+    }
+    s = ps::RunStandalone(config.value(), options, g_stop, nullptr);
+    if (!s.ok()) {
+      LOG(ERROR) << "ps_worker --standalone: " << s.ToString();
+      return 1;
+    }
+    return 0;
+  }
   if (FLAGS_coordinator.empty()) {
     LOG(ERROR) << "--coordinator is required (e.g. --coordinator=tcp://127.0.0.1:7000)";
     return 2;
@@ -103,6 +151,8 @@ int main(int argc, char** argv) {
   options.group = FLAGS_group;
   options.drain_timeout = std::chrono::milliseconds(FLAGS_drain_timeout_ms);
   options.retry_interval = std::chrono::milliseconds(FLAGS_retry_ms);
+  options.prefetch = FLAGS_prefetch;
+  options.wire_dtype = FLAGS_wire_dtype;
   ps::Transport transport;
   ps::Status s = ps::RunWorker(options, &transport, g_stop);
   if (!s.ok()) {

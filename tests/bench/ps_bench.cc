@@ -7,12 +7,27 @@
 // Dense rows: a table of 1024-float rows sized to the message; one Push/Pull covers it
 // all and is split across the servers. Raw ZeroMQ: a DEALER sends the same bytes to a
 // ROUTER that answers with an 8-byte ack, one message in flight (as a push waits for its
-// ack). Sparse: pulls of 1000 random keys of a 16-float sparse table.
+// ack), over the same transport (zmq_gbps) and over TCP (zmq_tcp_gbps); memcpy_gbps is one
+// thread copying the same bytes between warm buffers. Ratios to ps-lite are against the
+// figures measured on this kind of machine (issue 10): push 2.41 / 2.14 / 1.87 GB/s and
+// pull 1.82 / 1.99 / 1.58 at 1 / 4 / 16 MB over loopback TCP.
+//
+// Apply: a server applying a dense push of the same bytes (plain SGD) in process, without
+// sockets: GB/s of gradient applied, against memcpy of the same bytes (an SGD update reads
+// the gradient and reads and writes the values: 3 streams to memcpy's 2, so ~0.67 is the
+// memory-bound ceiling).
+//
+// Sparse: pulls of 1000 random keys of a 16-float sparse table.
+//
+// --json=FILE writes one JSON object per row: mode (push|pull|apply|sparse_pull),
+// size_bytes, servers, path (tcp|ipc|inproc), gbps, zmq_gbps, zmq_tcp_gbps, memcpy_gbps,
+// pslite_gbps (where known).
 #include <gflags/gflags.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -20,6 +35,7 @@
 
 #include "common/job_config.h"
 #include "common/transport.h"
+#include "common/wire.h"
 #include "server/server_core.h"
 #include "server/server_node.h"
 #include "worker/kv_client.h"
@@ -56,8 +72,61 @@ double Rate(F&& op) {
   return n / elapsed;
 }
 
-double RawZmqGbps(Transport& t, size_t bytes) {
+// ps-lite's figures on this kind of machine (issue 10), 0 where not measured.
+double PsLiteGbps(const std::string& mode, int mb) {
+  const double push[] = {2.41, 2.14, 1.87}, pull[] = {1.82, 1.99, 1.58};
+  const int i = mb == 1 ? 0 : mb == 4 ? 1 : mb == 16 ? 2 : -1;
+  if (i < 0) return 0;
+  return mode == "push" ? push[i] : mode == "pull" ? pull[i] : 0;
+}
+
+double MemcpyGbps(size_t bytes) {
+  std::vector<char> a(bytes, 1), b(bytes, 0);
+  double rate = Rate([&] {
+    std::memcpy(b.data(), a.data(), bytes);
+    // Keep the copy observable.
+    a[bytes / 2] = static_cast<char>(b[bytes / 3] + 1);
+  });
+  return rate * bytes / 1e9;
+}
+
+// A server applying dense pushes of `bytes` in process: GB/s of gradient applied.
+double ApplyGbps(size_t bytes) {
+  const uint64_t rows = bytes / (kRowFloats * sizeof(float));
+  std::map<std::string, std::string> flags = {
+      {"model", "none"},
+      {"tables", "dense:" + std::to_string(rows) + ":" + std::to_string(kRowFloats)},
+      {"num_servers", "1"},
+      {"num_workers", "1"}};
+  JobConfig config = JobConfig::FromFlagMap(flags).value();
+  auto core = ServerCore::Create(config, 0).value();
+  std::vector<float> grads(rows * kRowFloats, 1e-6f);
+  double applying = 0;
+  uint64_t n = 0;
+  while (applying < FLAGS_seconds || n < 3) {
+    capnp::MallocMessageBuilder b;
+    auto p = NewHeader(b, n + 1, 0).getBody().initPush();
+    p.setTableId(0);
+    p.setClock(0);
+    p.setPulledVersion(0);
+    p.getKeys().initRange().setBegin(0);
+    p.getKeys().getRange().setEnd(rows);
+    Frames f;
+    f.push_back(EncodeFrame(b));
+    f.push_back(CopyFrame(grads.data(), grads.size() * sizeof(float)));
+    auto start = SteadyClock::now();
+    Frames reply = core->HandleOne(f);
+    if (n > 0) applying += std::chrono::duration<double>(SteadyClock::now() - start).count();
+    ++n;
+  }
+  return (n - 1) * static_cast<double>(bytes) / applying / 1e9;
+}
+
+double RawZmqGbps(Transport& t, size_t bytes, const std::string& transport) {
+  const std::string saved = FLAGS_transport;
+  FLAGS_transport = transport;
   auto server = t.Listen(Endpoint("raw")).value();
+  FLAGS_transport = saved;
   std::atomic<bool> stop{false};
   std::thread echo([&] {
     while (!stop.load()) {
@@ -123,11 +192,27 @@ void Run() {
   std::vector<nlohmann::json> rows;
   std::printf("ps_bench over %s (each figure: %.1f s of back-to-back requests)\n",
               FLAGS_transport.c_str(), FLAGS_seconds);
-  std::printf("%-6s %8s %8s %10s %12s %8s\n", "mode", "size_MB", "servers", "GB/s", "raw_zmq_GB/s",
-              "ratio");
+  std::printf("%-6s %7s %7s %7s %8s %8s %8s %9s %9s %9s %9s\n", "mode", "size_MB", "servers",
+              "GB/s", "zmq_path", "zmq_tcp", "memcpy", "/zmq_path", "/zmq_tcp", "/memcpy",
+              "/ps-lite");
   for (int mb : sizes) {
     size_t bytes = static_cast<size_t>(mb) << 20;
-    double raw = RawZmqGbps(t, bytes);
+    double raw = RawZmqGbps(t, bytes, FLAGS_transport);
+    double raw_tcp = FLAGS_transport == "tcp" ? raw : RawZmqGbps(t, bytes, "tcp");
+    double copy = MemcpyGbps(bytes);
+    auto print = [&](const char* mode, int servers, double gbps, const std::string& path) {
+      const double pslite = PsLiteGbps(mode, mb);
+      char vs_pslite[16] = "-";
+      if (pslite > 0) std::snprintf(vs_pslite, sizeof(vs_pslite), "%.2f", gbps / pslite);
+      std::printf("%-6s %7d %7d %7.2f %8.2f %8.2f %8.2f %9.2f %9.2f %9.2f %9s\n", mode, mb, servers,
+                  gbps, raw, raw_tcp, copy, gbps / raw, gbps / raw_tcp, gbps / copy, vs_pslite);
+      nlohmann::json row = {
+          {"mode", mode}, {"size_bytes", bytes}, {"servers", servers},      {"path", path},
+          {"gbps", gbps}, {"zmq_gbps", raw},     {"zmq_tcp_gbps", raw_tcp}, {"memcpy_gbps", copy}};
+      if (pslite > 0) row["pslite_gbps"] = pslite;
+      rows.push_back(row);
+    };
+    print("apply", 1, ApplyGbps(bytes), "inproc");
     for (int servers : {1, 2}) {
       uint64_t table_rows = bytes / (kRowFloats * sizeof(float));
       Cluster c(t, servers,
@@ -138,15 +223,8 @@ void Run() {
           Rate([&] { (void)c.client->Wait(c.client->PushRange(0, all, buf)); }) * bytes / 1e9;
       double pull =
           Rate([&] { (void)c.client->Wait(c.client->PullRange(0, all, buf)); }) * bytes / 1e9;
-      for (auto [mode, gbps] : {std::pair<const char*, double>{"push", push}, {"pull", pull}}) {
-        std::printf("%-6s %8d %8d %10.2f %12.2f %8.2f\n", mode, mb, servers, gbps, raw, gbps / raw);
-        rows.push_back({{"mode", mode},
-                        {"size_bytes", bytes},
-                        {"servers", servers},
-                        {"path", FLAGS_transport},
-                        {"gbps", gbps},
-                        {"zmq_gbps", raw}});
-      }
+      print("push", servers, push, FLAGS_transport);
+      print("pull", servers, pull, FLAGS_transport);
     }
   }
   for (int servers : {1, 2}) {

@@ -1,0 +1,117 @@
+// `ps_worker --standalone` against real jobs, and prefetching's staleness, on a small MLP
+// (784-32-10) for one epoch of Fashion-MNIST (skips without the data):
+//   - the standalone baseline's final model equals a one-worker BSP job's, bit for bit
+//     (same test loss to the last digit);
+//   - a one-worker job that prefetches reports every push but the first as exactly one
+//     version stale (its own previous update arrived after the pull), and one that does
+//     not prefetch reports none stale.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "tests/integration/job_test_util.h"
+
+namespace ps {
+namespace {
+
+using itest::json;
+
+constexpr char kTrainImages[] = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
+
+#define SKIP_WITHOUT_FASHION_MNIST()                                                      \
+  if (access(kTrainImages, R_OK) != 0) {                                                  \
+    GTEST_SKIP() << kTrainImages << " is not here (scripts/install_deps.sh installs it)"; \
+  }
+
+// One epoch of a small MLP: about a second of compute.
+const std::vector<std::string> kJobFlags = {"--mlp_layers=784,32,10", "--epochs=1",
+                                            "--num_workers=1", "--num_servers=1",
+                                            "--report_every_seconds=5"};
+
+class StandaloneTest : public itest::JobTest {
+ protected:
+  std::string Flagfile() const { return itest::SourceDir() + "/configs/fashion_mnist_mlp.flags"; }
+
+  // A job of 1 server and 1 worker with these extra job flags and worker flags.
+  Result<json> RunJob(const std::vector<std::string>& extra,
+                      const std::vector<std::string>& worker_flags) {
+    const itest::Deadline deadline = itest::DeadlineIn(std::chrono::seconds(100));
+    std::vector<std::string> flags = {"--flagfile=" + Flagfile()};
+    flags.insert(flags.end(), kJobFlags.begin(), kJobFlags.end());
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    std::string endpoint;
+    PS_ASSIGN_OR_RETURN(itest::ChildProcess coordinator,
+                        StartCoordinator(flags, deadline, &endpoint));
+    PS_ASSIGN_OR_RETURN(itest::ChildProcess server, StartServer(0, endpoint));
+    std::vector<std::string> argv = {itest::BinaryPath("ps_worker"), "--coordinator=" + endpoint,
+                                     "--register_timeout_ms=30000"};
+    argv.insert(argv.end(), worker_flags.begin(), worker_flags.end());
+    PS_ASSIGN_OR_RETURN(itest::ChildProcess worker,
+                        itest::ChildProcess::Spawn(argv, dir_.Join("worker-0.log")));
+    for (itest::ChildProcess* p : {&worker, &coordinator, &server}) {
+      PS_ASSIGN_OR_RETURN(int rc, p->WaitExit(deadline));
+      if (rc != 0) return Internal(p->log_path() + " exited with " + std::to_string(rc));
+    }
+    return ReadSummary();
+  }
+};
+
+TEST_F(StandaloneTest, MatchesAOneWorkerBspJobBitForBit) {
+  SKIP_WITHOUT_FASHION_MNIST();
+  Result<json> job = RunJob({"--staleness=0"}, {});
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  ASSERT_EQ(job->value("status", ""), "ok") << job->dump();
+
+  std::string job_flags;
+  for (const std::string& f : kJobFlags) job_flags += f + " ";
+  job_flags += "--staleness=0";
+  const std::string run_dir = dir_.Join("standalone");
+  Result<itest::ChildProcess> p = itest::ChildProcess::Spawn(
+      {itest::BinaryPath("ps_worker"), "--standalone", "--job_flagfile=" + Flagfile(),
+       "--job_flags=" + job_flags, "--run_dir=" + run_dir},
+      dir_.Join("standalone.log"));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  Result<int> rc = p->WaitExit(itest::DeadlineIn(std::chrono::seconds(100)));
+  ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+  ASSERT_EQ(*rc, 0) << itest::TailOfFile(dir_.Join("standalone.log"), 30);
+  Result<std::string> text = itest::ReadFile(run_dir + "/summary.json");
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  json alone = json::parse(*text);
+
+  EXPECT_EQ(alone.value("mode", ""), "standalone");
+  EXPECT_EQ(alone.value("status", ""), "ok");
+  EXPECT_EQ(alone["examples_per_epoch"], json::array({60000}));
+  EXPECT_EQ(alone.value("examples", 0), job->value("examples", 1));
+  EXPECT_GT(alone.value("test_accuracy", 0.0), 0.75) << alone.dump();
+  // Bit for bit: the same initial rows, order, gradients, rates and update rule.
+  EXPECT_EQ(alone.value("test_loss", 0.0), job->value("test_loss", 1.0))
+      << "standalone " << alone.dump() << "\njob " << job->dump();
+  EXPECT_EQ(alone.value("test_accuracy", 0.0), job->value("test_accuracy", 1.0));
+  // Both report where the time went.
+  ASSERT_TRUE(alone["workers"][0].contains("step_seconds"));
+  ASSERT_TRUE(job->at("workers")[0].contains("step_seconds")) << job->dump();
+  EXPECT_GT(job->at("workers")[0]["step_seconds"].value("compute", 0.0), 0.0);
+  EXPECT_GT(job->at("workers")[0]["step_seconds"].value("pull", 0.0), 0.0);
+  EXPECT_EQ(job->at("workers")[0].value("prefetch", true), false) << "BSP never prefetches";
+}
+
+TEST_F(StandaloneTest, PrefetchMakesEachPushOneVersionStaleAndNoMore) {
+  SKIP_WITHOUT_FASHION_MNIST();
+  Result<json> with = RunJob({"--staleness=1"}, {"--prefetch=true"});
+  ASSERT_TRUE(with.ok()) << with.status().ToString();
+  ASSERT_EQ(with->value("status", ""), "ok") << with->dump();
+  EXPECT_EQ(with->at("workers")[0].value("prefetch", false), true);
+  // One worker: the pull for step t + 1 leaves before step t's push on the same connection,
+  // so it lacks exactly that push. Step 0's push is fresh (its pull was not prefetched).
+  EXPECT_EQ(with->value("max_staleness_seen", 0), 1) << with->dump();
+  EXPECT_GT(with->value("mean_staleness", 0.0), 0.99);
+  EXPECT_LE(with->value("max_clock_lag_seen", 99), 1);
+  EXPECT_GT(with->value("test_accuracy", 0.0), 0.75);
+
+  Result<json> without = RunJob({"--staleness=1"}, {"--prefetch=false"});
+  ASSERT_TRUE(without.ok()) << without.status().ToString();
+  EXPECT_EQ(without->at("workers")[0].value("prefetch", true), false);
+  EXPECT_EQ(without->value("max_staleness_seen", 1), 0) << without->dump();
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,59 @@
+// `ps_worker --standalone`: the job's model trained in this one process, with the
+// project's own kernels, initializers, optimizer and learning-rate policy, and no
+// coordinator, servers or sockets. It is the baseline a distributed job is measured
+// against: what one process does with the same code.
+//
+// It follows one BSP worker of a one-server job step for step: the same initial rows
+// (server/table.h), the same example order and chunking (EpochOrder, chunks of
+// --chunk_examples), the same gradient scaling, the same learning rate per step
+// (iteration = step, as for a job of one worker) and the same update rule applied row by
+// row (server/optimizer.h). Its final model, and so its test loss, is bit-identical to such
+// a job's (tests/integration/standalone_test.cc checks this). Gradients are checked for
+// NaN/Inf as a server does; one stops the run with an error.
+//
+// It writes the run files a job writes (metrics.jsonl train and eval lines, summary.json
+// with the same keys where they apply, `"mode": "standalone"`). Only --model=mlp.
+//
+// This is the one place where worker code (the model) and server code (tables, optimizer)
+// meet, in its own library linked only into ps_worker, so that the baseline runs the very
+// update rule the servers run.
+//
+// Thread model: RunStandalone runs on the calling thread (OpenBLAS may use its own).
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/job_config.h"
+#include "common/status.h"
+
+namespace ps {
+
+struct StandaloneOptions {
+  // Where metrics.jsonl and summary.json go (created if missing). Required.
+  std::string run_dir;
+  // "cpu", "cuda", "cuda:N" or "auto" (kernels/kernels.h).
+  std::string device = "cpu";
+  // Print a line per epoch on stdout, as the coordinator does for a job.
+  bool print_progress = true;
+};
+
+// Reads job settings from a gflags-style flagfile (`--name=value` lines, `#` comments,
+// nested `--flagfile=PATH` relative to the working directory, as gflags reads it) into
+// *flags, later lines overriding earlier ones. NotFound for a missing file,
+// InvalidArgument for a line that is not a flag.
+Status ReadJobFlagFile(const std::string& path, std::map<std::string, std::string>* flags);
+
+// Applies space-separated `--name=value` overrides (e.g. "--epochs=1 --base_lr=0.05").
+Status ApplyJobFlagOverrides(const std::string& overrides,
+                             std::map<std::string, std::string>* flags);
+
+// Trains config's model to the end and writes the run files; *summary (may be null) gets
+// summary.json's contents. The config is used as one worker and one server would see it
+// (num_workers and num_servers become 1).
+Status RunStandalone(JobConfig config, const StandaloneOptions& options,
+                     const std::atomic<bool>& stop, nlohmann::json* summary);
+
+}  // namespace ps
