@@ -113,7 +113,9 @@ class MlpModel final : public TrainableModel {
     }
   }
 
-  std::vector<std::span<float>> DenseParams() override { return {params_.begin(), params_.end()}; }
+  std::vector<std::span<float>> DenseParams() override {
+    return {params_[cur_].begin(), params_[cur_].end()};
+  }
   std::vector<std::span<float>> DenseGrads() override { return {grads_.begin(), grads_.end()}; }
 
   Result<json> Evaluate(KVClient& client) override {
