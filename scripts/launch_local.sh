@@ -3,11 +3,14 @@
 #
 #   scripts/launch_local.sh [FLAGFILE] [--servers N] [--workers N] [--run_dir DIR]
 #                           [--device DEV] [--slow_worker I:F] [--no_build]
-#                           [-- extra job flags]
+#                           [--keys DIR | --insecure] [-- extra job flags]
 #
 # FLAGFILE defaults to configs/fashion_mnist_mlp.flags. Extra job flags after `--` go to
 # the coordinator, which hands them to every process (e.g. -- --epochs=1 --base_lr=0.05).
 # --slow_worker I:F makes worker I (0-based) F times slower, to watch a straggler.
+# Traffic is authenticated and encrypted (CurveZMQ): keys are made in RUN_DIR/keys unless
+# --keys DIR names existing ones (ps_keygen / scripts/gen_keys.sh); --insecure turns
+# security off (plain ZeroMQ on loopback, with a warning).
 # Installs missing packages and builds first unless --no_build. Progress goes to the
 # console; every process's log, metrics.jsonl and summary.json go to the run directory.
 # Returns the job's exit status; stops every process it started when one fails, on
@@ -22,6 +25,8 @@ run_dir=""
 device="cpu"
 slow_worker=""
 build=1
+keys=""
+insecure=0
 extra=()
 usage() { sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
@@ -32,6 +37,8 @@ while [ $# -gt 0 ]; do
     --device) device="$2"; shift 2 ;;
     --slow_worker) slow_worker="$2"; shift 2 ;;
     --no_build) build=0; shift ;;
+    --keys) keys="$2"; shift 2 ;;
+    --insecure) insecure=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     -*) echo "launch_local.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -64,7 +71,7 @@ if [ "$build" = 1 ]; then
     tail -50 "${TMPDIR:-/tmp}/ps_build.log"; echo "launch_local.sh: build failed" >&2; exit 1; }
 fi
 bin="${PS_BIN_DIR:-$root/build/bin}"
-for b in ps_coordinator ps_server ps_worker; do
+for b in ps_coordinator ps_server ps_worker ps_keygen; do
   [ -x "$bin/$b" ] || { echo "launch_local.sh: $bin/$b is missing: build first (scripts/build.sh)" >&2; exit 1; }
 done
 
@@ -72,6 +79,20 @@ done
 mkdir -p "$run_dir/logs"
 run_dir="$(cd "$run_dir" && pwd)"
 rm -f "$run_dir/coordinator.endpoint"
+
+if [ "$insecure" = 1 ]; then
+  [ -z "$keys" ] || { echo "launch_local.sh: --keys and --insecure contradict each other" >&2; exit 2; }
+  echo "launch_local.sh: WARNING: --insecure: no authentication, no encryption" >&2
+  security=(--insecure)
+else
+  if [ -z "$keys" ]; then
+    keys="$run_dir/keys"
+    "$bin/ps_keygen" --keys_dir="$keys" >/dev/null || { echo "launch_local.sh: ps_keygen failed" >&2; exit 1; }
+  fi
+  [ -f "$keys/server.secret" ] || { echo "launch_local.sh: $keys/server.secret not found (make keys with scripts/gen_keys.sh DIR)" >&2; exit 2; }
+  keys="$(cd "$keys" && pwd)"
+  security=(--keys_dir="$keys")
+fi
 
 # Every worker runs one BLAS thread unless told otherwise: several processes each running
 # a multi-threaded BLAS on few cores fight each other.
@@ -100,7 +121,7 @@ echo "run directory: $run_dir"
 : >"$run_dir/logs/coordinator.out"  # exists before tail looks for it
 "$bin/ps_coordinator" --flagfile="$flagfile" --num_servers="$servers" --num_workers="$workers" \
   --listen='tcp://127.0.0.1:*' --endpoint_file="$run_dir/coordinator.endpoint" \
-  --run_dir="$run_dir" "${extra[@]}" \
+  --run_dir="$run_dir" "${security[@]}" "${extra[@]}" \
   >>"$run_dir/logs/coordinator.out" 2>"$run_dir/logs/coordinator.log" &
 coord=$!
 pids+=("$coord"); names+=(coordinator)
@@ -122,7 +143,7 @@ done
 endpoint="$(cat "$run_dir/coordinator.endpoint")"
 
 for ((i = 0; i < servers; i++)); do
-  "$bin/ps_server" --coordinator="$endpoint" --listen='tcp://127.0.0.1:*' --id="$i" \
+  "$bin/ps_server" --coordinator="$endpoint" --listen='tcp://127.0.0.1:*' --id="$i" "${security[@]}" \
     >"$run_dir/logs/server-$i.log" 2>&1 &
   pids+=($!); names+=("server-$i")
 done
@@ -130,6 +151,7 @@ for ((i = 0; i < workers; i++)); do
   slowdown=1
   [ "$i" = "$slow_index" ] && slowdown="$slow_factor"
   "$bin/ps_worker" --coordinator="$endpoint" --id="$i" --device="$device" --slowdown="$slowdown" \
+    "${security[@]}" \
     >"$run_dir/logs/worker-$i.log" 2>&1 &
   pids+=($!); names+=("worker-$i")
 done

@@ -8,6 +8,7 @@
 #include <ctime>
 
 #include "common/job_config.h"
+#include "common/security_flags.h"
 #include "server/coordinator.h"
 
 namespace {
@@ -108,7 +109,14 @@ int main(int argc, char** argv) {
   options.endpoint_file = FLAGS_endpoint_file;
   options.register_timeout = std::chrono::milliseconds(FLAGS_register_timeout_ms);
   options.progress_every_seconds = FLAGS_progress_every_seconds;
-  ps::Transport transport;
+  ps::TransportOptions topt;
+  if (ps::Status sec =
+          ps::InstallSecurityFromFlags(ps::SecurityRole::kCoordinator, {FLAGS_listen}, &topt);
+      !sec.ok()) {
+    LOG(ERROR) << "ps_coordinator: " << sec.message();
+    return 2;
+  }
+  ps::Transport transport(topt);
   ps::Status s = ps::RunCoordinator(config.value(), options, &transport, g_stop);
   if (!s.ok()) {
     LOG(ERROR) << "ps_coordinator: " << s.ToString();

@@ -4,6 +4,7 @@
 
 #include <csignal>
 
+#include "common/security_flags.h"
 #include "server/server_node.h"
 
 DEFINE_string(coordinator, "", "the coordinator's endpoint, e.g. tcp://127.0.0.1:7000 (required)");
@@ -36,6 +37,12 @@ int main(int argc, char** argv) {
   options.requested_id = FLAGS_id;
   ps::TransportOptions topt;
   topt.io_threads = FLAGS_io_threads;
+  if (ps::Status sec = ps::InstallSecurityFromFlags(ps::SecurityRole::kServer,
+                                                    {FLAGS_listen, FLAGS_coordinator}, &topt);
+      !sec.ok()) {
+    LOG(ERROR) << "ps_server: " << sec.message();
+    return 2;
+  }
   ps::Transport transport(topt);
   ps::Status s = ps::RunServer(options, &transport, g_stop);
   if (!s.ok()) {

@@ -4,6 +4,7 @@
 
 #include <csignal>
 
+#include "common/security_flags.h"
 #include "kernels/kernels.h"
 #include "worker/trainer.h"
 
@@ -46,7 +47,14 @@ int main(int argc, char** argv) {
   options.request_timeout = std::chrono::milliseconds(FLAGS_request_timeout_ms);
   options.slowdown = FLAGS_slowdown;
   options.batch_size = FLAGS_batch_size;
-  ps::Transport transport;
+  ps::TransportOptions topt;
+  if (ps::Status sec =
+          ps::InstallSecurityFromFlags(ps::SecurityRole::kWorker, {FLAGS_coordinator}, &topt);
+      !sec.ok()) {
+    LOG(ERROR) << "ps_worker: " << sec.message();
+    return 2;
+  }
+  ps::Transport transport(topt);
   ps::Status s = ps::RunWorker(options, &transport, g_stop);
   if (!s.ok()) {
     LOG(ERROR) << "ps_worker: " << s.ToString();
