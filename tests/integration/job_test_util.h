@@ -129,12 +129,19 @@ class JobTest : public ::testing::Test {
 
   // The flags that give a started binary the job's keys. Every binary a test starts gets
   // these (StartCoordinator and StartServer add them).
-  std::vector<std::string> SecurityFlags() { return {"--keys_dir=" + KeysDir()}; }
+  std::vector<std::string> SecurityFlags() {
+    if (insecure_) return {"--insecure"};
+    return {"--keys_dir=" + KeysDir()};
+  }
+
+  // From now on, start binaries with --insecure and make plain client transports.
+  void UseInsecure() { insecure_ = true; }
 
   // Options for a Transport whose client sockets play a worker (or, with key_name "server",
   // the coordinator or a server) of the job.
   TransportOptions ClientTransportOptions(const std::string& key_name = "worker") {
     TransportOptions o;
+    if (insecure_) return o;
     ps::SecurityFlags flags;
     flags.keys_dir = KeysDir();
     flags.key_name = key_name;
@@ -191,6 +198,7 @@ class JobTest : public ::testing::Test {
 
  private:
   std::string keys_dir_;
+  bool insecure_ = false;
 };
 
 // ---- whole jobs through scripts/launch_local.sh ----
