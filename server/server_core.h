@@ -58,6 +58,15 @@ struct ServerStats {
 };
 
 // A reply and who it goes to.
+// Bounds on one push or pull, checked before a row is touched or a reply allocated (the
+// transport already bounds frame sizes and counts).
+struct RequestLimits {
+  // Rows one request may address (range or key list).
+  uint64_t max_rows = uint64_t{1} << 22;
+  // Bytes of values one push may carry or one pull may return (rows x width x 4).
+  uint64_t max_value_bytes = uint64_t{256} << 20;
+};
+
 struct Outgoing {
   std::string peer;
   Frames frames;
@@ -90,6 +99,7 @@ class ServerCore {
   Frames HandleOne(Frames& request, After* after = nullptr);
 
   ServerStats stats() const;
+  void set_limits(const RequestLimits& limits) { limits_ = limits; }
   int server_id() const { return server_id_; }
   size_t held_pulls() const { return held_.size(); }
   int64_t worker_clock(int worker) const { return clocks_.at(static_cast<size_t>(worker)); }
@@ -145,6 +155,7 @@ class ServerCore {
   std::vector<bool> left_;               // per worker
   std::deque<HeldPull> held_;            // in arrival order
   ServerStats stats_;
+  RequestLimits limits_;
 };
 
 }  // namespace ps

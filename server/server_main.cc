@@ -2,6 +2,7 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <csignal>
 
 #include "common/security_flags.h"
@@ -13,6 +14,14 @@ DEFINE_int32(
     id, -1, "this process's id within its role, as a launcher numbers it (-1: registration order)");
 DEFINE_int32(register_timeout_ms, 120000, "how long to wait for the job to assemble");
 DEFINE_int32(io_threads, 1, "ZeroMQ I/O threads");
+DEFINE_int64(max_frame_mb, 1024,
+             "largest frame accepted, MB; a peer sending a larger one is disconnected");
+DEFINE_int32(max_frames, 64, "most frames in one request; a longer one gets an error");
+DEFINE_int32(receive_hwm, 1000,
+             "requests queued per peer before its connection stops being read (backpressure)");
+DEFINE_uint64(max_request_rows, ps::RequestLimits().max_rows, "rows one push or pull may address");
+DEFINE_uint64(max_request_mb, ps::RequestLimits().max_value_bytes >> 20,
+              "MB of values one push may carry or one pull return");
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -37,6 +46,11 @@ int main(int argc, char** argv) {
   options.requested_id = FLAGS_id;
   ps::TransportOptions topt;
   topt.io_threads = FLAGS_io_threads;
+  topt.max_frame_bytes = FLAGS_max_frame_mb << 20;
+  topt.max_frames = static_cast<size_t>(std::max(FLAGS_max_frames, 1));
+  topt.receive_hwm = FLAGS_receive_hwm;
+  options.limits.max_rows = FLAGS_max_request_rows;
+  options.limits.max_value_bytes = FLAGS_max_request_mb << 20;
   if (ps::Status sec = ps::InstallSecurityFromFlags(ps::SecurityRole::kServer,
                                                     {FLAGS_listen, FLAGS_coordinator}, &topt);
       !sec.ok()) {

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include "common/registration.h"
+#include "common/wire.h"
 
 namespace ps {
 
@@ -13,7 +14,11 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
     Result<Incoming> in = socket.Recv(poll_interval);
     ServerCore::After after = ServerCore::After::kContinue;
     out.clear();
-    if (in.ok()) {
+    if (in.ok() && in->too_many_frames) {
+      out.push_back(Outgoing{in->peer, ErrorReply(0, core.server_id(),
+                                                  InvalidArgument("message has too many frames "
+                                                                  "(see --max_frames)"))});
+    } else if (in.ok()) {
       core.Handle(in->peer, in->frames, &out, &after);
     } else if (in.status().code() != StatusCode::kDeadlineExceeded) {
       return in.status();
@@ -46,6 +51,7 @@ Status RunServer(const ServerOptions& options, Transport* transport,
                                                                 options.register_timeout));
   LOG(INFO) << "registered as server " << reg.id << " of " << reg.config.num_servers;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerCore> core, ServerCore::Create(reg.config, reg.id));
+  core->set_limits(options.limits);
   Status s = ServeUntilShutdown(*socket, *core, stop, options.poll_interval);
   ServerStats st = core->stats();
   LOG(INFO) << "server " << reg.id << " done: pushes applied " << st.pushes_applied << ", rejected "

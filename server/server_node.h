@@ -27,6 +27,8 @@ struct ServerOptions {
   int requested_id = -1;
   // How often the loop looks at `stop` while idle.
   std::chrono::milliseconds poll_interval{200};
+  // Bounds on one push or pull (see server/server_core.h).
+  RequestLimits limits;
 };
 
 // Answers requests on `socket` with `core` until a shutdown request has been answered or

@@ -168,10 +168,12 @@ class JobTest : public ::testing::Test {
     return c;
   }
 
-  Result<ChildProcess> StartServer(int i, const std::string& coordinator) {
+  Result<ChildProcess> StartServer(int i, const std::string& coordinator,
+                                   const std::vector<std::string>& extra_flags = {}) {
     std::vector<std::string> argv = {BinaryPath("ps_server"), "--coordinator=" + coordinator,
                                      "--listen=tcp://127.0.0.1:*", "--register_timeout_ms=30000"};
     for (std::string& f : SecurityFlags()) argv.push_back(std::move(f));
+    argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
     return ChildProcess::Spawn(argv, dir_.Join("server-" + std::to_string(i) + ".log"));
   }
 
