@@ -248,9 +248,9 @@ class CoordinatorJob {
   // Workers' JSON is input from the network: every field the coordinator reads must have
   // the type it reads it as, or nlohmann::json would throw.
   static Status CheckReportFields(const json& j) {
-    for (const char* key :
-         {"examples", "loss", "epoch", "epoch_fraction", "test_loss", "test_accuracy", "test_auc",
-          "seconds", "steps", "wait_seconds", "compute_seconds", "batch_size", "worker"}) {
+    for (const char* key : {"examples", "loss", "epoch", "epoch_fraction", "test_loss",
+                            "test_accuracy", "test_auc", "seconds", "steps", "wait_seconds",
+                            "compute_seconds", "batch_size", "worker"}) {
       if (j.contains(key) && !j[key].is_number()) {
         return InvalidArgument(std::string("report field '") + key + "' must be a number");
       }
