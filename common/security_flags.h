@@ -19,4 +19,9 @@ namespace ps {
 Status InstallSecurityFromFlags(SecurityRole role, const std::vector<std::string>& endpoints,
                                 TransportOptions* options);
 
+// Checks every --flagfile given on the command line (and the flagfiles they name): each
+// flag must be one this binary defines. gflags itself skips unknown flags in a flagfile; a
+// misspelt job setting would silently keep its default. The error names FILE:LINE.
+Status CheckFlagfiles();
+
 }  // namespace ps

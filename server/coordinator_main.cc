@@ -86,6 +86,10 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
 
+  if (ps::Status f = ps::CheckFlagfiles(); !f.ok()) {
+    LOG(ERROR) << "bad flagfile: " << f.message();
+    return 2;
+  }
   std::map<std::string, std::string> flags;
   for (const std::string& name : ps::JobConfig::FlagNames()) {
     std::string value;

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -191,6 +192,25 @@ TEST_F(SecurityTest, BinariesWithoutKeysOrInsecureRefuseToStart) {
   ASSERT_TRUE(log.ok());
   EXPECT_THAT(*log, ::testing::HasSubstr("no keys: give --keys_dir=DIR"));
   EXPECT_THAT(*log, ::testing::HasSubstr("--allow_insecure_remote"));
+}
+
+TEST_F(SecurityTest, AFlagfileWithAnUnknownFlagIsRefusedWithItsLine) {
+  const std::string flagfile = dir_.Join("bad.flags");
+  {
+    std::ofstream f(flagfile);
+    f << "# a job\n--epochs=1\n--bogus_setting=3\n";
+  }
+  Result<ChildProcess> c =
+      ChildProcess::Spawn({itest::BinaryPath("ps_coordinator"), "--flagfile=" + flagfile,
+                           "--insecure", "--listen=tcp://127.0.0.1:*", "--run_dir=" + RunDir()},
+                          dir_.Join("flagfile.log"));
+  ASSERT_TRUE(c.ok());
+  Result<int> rc = c->WaitExit(DeadlineIn(kTestTimeout));
+  ASSERT_TRUE(rc.ok());
+  EXPECT_EQ(*rc, 2);
+  Result<std::string> log = itest::ReadFile(dir_.Join("flagfile.log"));
+  ASSERT_TRUE(log.ok());
+  EXPECT_THAT(*log, ::testing::HasSubstr(flagfile + ":3: unknown flag --bogus_setting"));
 }
 
 // ---- what crosses the wire ----
