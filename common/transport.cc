@@ -1,5 +1,6 @@
 #include "common/transport.h"
 
+#include <algorithm>
 #include <optional>
 
 namespace ps {
@@ -23,7 +24,9 @@ void Configure(zmq::socket_t& s, const TransportOptions& o) {
 }
 
 // Receives the remaining parts of a multipart message whose first part is `first`.
-Frames RecvRest(zmq::socket_t& s, zmq::message_t first) {
+// More than `max_frames` parts: the rest are received and dropped, and `*too_many` is set.
+Frames RecvRest(zmq::socket_t& s, zmq::message_t first, size_t max_frames = SIZE_MAX,
+                bool* too_many = nullptr) {
   Frames frames;
   bool more = first.more();
   frames.push_back(std::move(first));
@@ -31,7 +34,11 @@ Frames RecvRest(zmq::socket_t& s, zmq::message_t first) {
     zmq::message_t part;
     (void)s.recv(part, zmq::recv_flags::none);  // parts of one message arrive together
     more = part.more();
-    frames.push_back(std::move(part));
+    if (frames.size() < max_frames) {
+      frames.push_back(std::move(part));
+    } else if (too_many != nullptr) {
+      *too_many = true;
+    }
   }
   return frames;
 }
@@ -55,8 +62,8 @@ bool WaitReadable(zmq::socket_t& s, std::chrono::milliseconds timeout) {
 
 class ZmqServerSocket final : public ServerSocket {
  public:
-  ZmqServerSocket(zmq::socket_t s, std::string bound)
-      : s_(std::move(s)), bound_(std::move(bound)) {}
+  ZmqServerSocket(zmq::socket_t s, std::string bound, size_t max_frames)
+      : s_(std::move(s)), bound_(std::move(bound)), max_frames_(max_frames) {}
   std::string BoundEndpoint() const override { return bound_; }
 
   Result<Incoming> Recv(std::chrono::milliseconds timeout) override {
@@ -69,7 +76,13 @@ class ZmqServerSocket final : public ServerSocket {
       if (!id.more()) return in;  // an empty message; the caller rejects it
       zmq::message_t first;
       (void)s_.recv(first, zmq::recv_flags::none);
-      in.frames = RecvRest(s_, std::move(first));
+      bool too_many = false;
+      in.frames = RecvRest(s_, std::move(first), max_frames_, &too_many);
+      if (too_many) {
+        // The caller answers the peer with this error; the frames kept are not decoded.
+        in.frames.clear();
+        in.too_many_frames = true;
+      }
       return in;
     } catch (const zmq::error_t& e) {
       return FromZmq(e, "recv on " + bound_);
@@ -90,6 +103,7 @@ class ZmqServerSocket final : public ServerSocket {
  private:
   zmq::socket_t s_;
   std::string bound_;
+  size_t max_frames_;
 };
 
 class ZmqClientSocket final : public ClientSocket {
@@ -148,7 +162,49 @@ zmq::message_t CopyFrame(const void* data, size_t bytes) { return zmq::message_t
 
 Transport::Transport(TransportOptions options) : options_(options), context_(options.io_threads) {}
 
-Transport::~Transport() = default;
+Transport::~Transport() {
+  // The ZAP handler's thread blocks in recv until the context shuts down. Callers close
+  // their sockets before the Transport goes (see the header), so this ends only the handler.
+  std::lock_guard<std::mutex> l(zap_mu_);
+  if (zap_) {
+    context_.shutdown();
+    zap_.reset();
+  }
+}
+
+uint64_t Transport::RejectedPeers() const {
+  std::lock_guard<std::mutex> l(const_cast<std::mutex&>(zap_mu_));
+  return zap_ ? zap_->rejected() : 0;
+}
+
+Status Transport::ApplySecurity(zmq::socket_t& s, const std::string& endpoint, bool listener) {
+  const SecurityOptions& sec = options_.security;
+  if (endpoint.rfind("inproc://", 0) == 0) return Status::Ok();  // never leaves the process
+  if (!sec.curve) {
+    if (!sec.allow_insecure_remote && !IsLocalEndpoint(endpoint)) {
+      return FailedPrecondition("refusing plain (--insecure) traffic on " + endpoint +
+                                ", which other hosts can reach: use keys, or "
+                                "--allow_insecure_remote");
+    }
+    return Status::Ok();
+  }
+  if (listener) {
+    {
+      std::lock_guard<std::mutex> l(zap_mu_);
+      if (!zap_) {
+        PS_ASSIGN_OR_RETURN(zap_, ZapHandler::Start(&context_, sec.allowed_clients));
+      }
+    }
+    s.set(zmq::sockopt::zap_domain, "ps");
+    s.set(zmq::sockopt::curve_server, 1);
+    s.set(zmq::sockopt::curve_secretkey, sec.own.secret_key);
+  } else {
+    s.set(zmq::sockopt::curve_serverkey, sec.server_public_key);
+    s.set(zmq::sockopt::curve_publickey, sec.own.public_key);
+    s.set(zmq::sockopt::curve_secretkey, sec.own.secret_key);
+  }
+  return Status::Ok();
+}
 
 Result<std::unique_ptr<ServerSocket>> Transport::Listen(const std::string& endpoint) {
   PS_RETURN_IF_ERROR(ValidateEndpoint(endpoint));
@@ -157,9 +213,13 @@ Result<std::unique_ptr<ServerSocket>> Transport::Listen(const std::string& endpo
     Configure(s, options_);
     // Fail a send to a vanished peer instead of dropping it silently.
     s.set(zmq::sockopt::router_mandatory, 1);
+    if (options_.max_frame_bytes > 0) s.set(zmq::sockopt::maxmsgsize, options_.max_frame_bytes);
+    s.set(zmq::sockopt::rcvhwm, options_.receive_hwm);
+    PS_RETURN_IF_ERROR(ApplySecurity(s, endpoint, /*listener=*/true));
     s.bind(endpoint);
     std::string bound = s.get(zmq::sockopt::last_endpoint);
-    return std::unique_ptr<ServerSocket>(new ZmqServerSocket(std::move(s), bound));
+    return std::unique_ptr<ServerSocket>(
+        new ZmqServerSocket(std::move(s), bound, std::max<size_t>(options_.max_frames, 1)));
   } catch (const zmq::error_t& e) {
     return Unavailable("cannot listen on " + endpoint + ": " + e.what());
   }
@@ -170,6 +230,7 @@ Result<std::unique_ptr<ClientSocket>> Transport::Connect(const std::string& endp
   try {
     zmq::socket_t s(context_, zmq::socket_type::dealer);
     Configure(s, options_);
+    PS_RETURN_IF_ERROR(ApplySecurity(s, endpoint, /*listener=*/false));
     s.connect(endpoint);
     return std::unique_ptr<ClientSocket>(new ZmqClientSocket(std::move(s), endpoint));
   } catch (const zmq::error_t& e) {

@@ -11,6 +11,15 @@
 //   ClientSocket: a ZeroMQ DEALER connected to one ServerSocket. Many requests may be in
 //     flight; replies come back in the order the server sends them.
 //
+// Security (common/security.h): with options.security.curve every tcp:// and ipc:// socket
+// speaks CURVE; a listener admits only the clients its ZAP handler (one per Transport, started
+// with the first listener) allows. inproc:// sockets stay plain: they never leave the process.
+//
+// Limits: a listener drops (disconnects) a peer that sends a frame over max_frame_bytes
+// before the frame is buffered whole, and refuses messages of more than max_frames frames;
+// its receive high-water mark makes a flooding peer wait (TCP backpressure) instead of
+// growing the server's memory.
+//
 // Thread model: a socket is used by one thread at a time (ZeroMQ sockets are not
 // thread-safe); a Transport (it owns the ZeroMQ context) may be shared by all threads.
 // All waits take a timeout; nothing blocks forever.
@@ -18,11 +27,13 @@
 
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 #include <zmq.hpp>
 
+#include "common/security.h"
 #include "common/status.h"
 
 namespace ps {
@@ -33,6 +44,9 @@ using Frames = std::vector<zmq::message_t>;
 struct Incoming {
   std::string peer;  // opaque ZeroMQ routing identity
   Frames frames;
+  // The message had more than TransportOptions::max_frames frames; `frames` is then empty
+  // and the caller answers with an error.
+  bool too_many_frames = false;
 };
 
 struct TransportOptions {
@@ -43,6 +57,17 @@ struct TransportOptions {
   int socket_buffer_bytes = 4 << 20;
   // How long Close() waits to flush unsent messages.
   std::chrono::milliseconds linger{1000};
+  // Authentication and encryption (default: none, for in-process tests; the binaries set it
+  // from --keys_dir / --insecure, see common/security_flags.h).
+  SecurityOptions security;
+  // Listeners: the largest frame accepted; a peer sending a larger one is disconnected by
+  // ZeroMQ before it is buffered. Bulk payloads travel in frames of a few MB.
+  int64_t max_frame_bytes = int64_t{1} << 30;
+  // Listeners: the most frames in one message; a longer one is drained and refused.
+  size_t max_frames = 64;
+  // Listeners: messages queued per peer before ZeroMQ stops reading that peer's connection
+  // (backpressure); 0 for no bound.
+  int receive_hwm = 1000;
 };
 
 class ServerSocket {
@@ -80,10 +105,16 @@ class Transport {
   Result<std::unique_ptr<ClientSocket>> Connect(const std::string& endpoint);
 
   const TransportOptions& options() const { return options_; }
+  // Clients the ZAP handler rejected so far (0 without CURVE or before the first listener).
+  uint64_t RejectedPeers() const;
 
  private:
+  Status ApplySecurity(zmq::socket_t& s, const std::string& endpoint, bool listener);
+
   TransportOptions options_;
   zmq::context_t context_;
+  std::mutex zap_mu_;
+  std::unique_ptr<ZapHandler> zap_;  // guarded by zap_mu_; started by the first listener
 };
 
 // Checks that `endpoint` is a ZeroMQ address this project uses (tcp://, ipc://, inproc://).

@@ -4,7 +4,7 @@
 #   scripts/launch_local.sh [FLAGFILE] [--servers N] [--workers N] [--run_dir DIR]
 #                           [--device DEV] [--slow_worker I:F] [--metrics_port P]
 #                           [--worker_flags "FLAGS"] [--transport tcp|ipc] [--no_build]
-#                           [-- extra job flags]
+#                           [--keys DIR | --insecure] [-- extra job flags]
 #   scripts/launch_local.sh --join RUN_DIR [--device DEV] [-- extra ps_worker flags]
 #
 # FLAGFILE defaults to configs/fashion_mnist_mlp.flags. Extra job flags after `--` go to
@@ -15,6 +15,9 @@
 # --worker_flags passes ps_worker flags to every worker (e.g. "--prefetch=false").
 # --transport: how workers reach the servers on this machine: ipc (Unix sockets, about
 # twice loopback TCP's goodput, the default) or tcp (127.0.0.1, as remote peers would).
+# Traffic is authenticated and encrypted (CurveZMQ): keys are made in RUN_DIR/keys unless
+# --keys DIR names existing ones (ps_keygen / scripts/gen_keys.sh); --insecure turns
+# security off (plain ZeroMQ on loopback, with a warning).
 # Installs missing packages and builds first unless --no_build. Progress goes to the
 # console; every process's log, metrics.jsonl and summary.json go to the run directory.
 # Returns the job's exit status; stops every process it started when the coordinator or a
@@ -37,6 +40,8 @@ worker_flags=""
 transport=ipc
 build=1
 join_dir=""
+keys=""
+insecure=0
 extra=()
 usage() { sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
@@ -51,6 +56,8 @@ while [ $# -gt 0 ]; do
     --transport) transport="$2"; shift 2 ;;
     --no_build) build=0; shift ;;
     --join) join_dir="$2"; shift 2 ;;
+    --keys) keys="$2"; shift 2 ;;
+    --insecure) insecure=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     -*) echo "launch_local.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -87,9 +94,18 @@ if [ -n "$join_dir" ]; then
   endpoint="$(cat "$join_dir/coordinator.endpoint")"
   mkdir -p "$join_dir/logs"
   log="$join_dir/logs/worker-join-$(date +%Y%m%d-%H%M%S)-$$.log"
+  # The job's keys: --keys DIR, else the ones launch_local.sh made in the run directory.
+  if [ "$insecure" = 1 ]; then
+    join_security=(--insecure)
+  else
+    [ -n "$keys" ] || keys="$join_dir/keys"
+    [ -f "$keys/worker.secret" ] || {
+      echo "launch_local.sh: no worker key in '$keys' (give --keys DIR, or --insecure for an insecure job)" >&2; exit 2; }
+    join_security=(--keys_dir="$(cd "$keys" && pwd)")
+  fi
   echo "joining the job at $endpoint (log: $log)"
   export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
-  exec "$bin/ps_worker" --coordinator="$endpoint" --device="$device" "${extra[@]}" >"$log" 2>&1
+  exec "$bin/ps_worker" --coordinator="$endpoint" --device="$device" "${join_security[@]}" "${extra[@]}" >"$log" 2>&1
 fi
 [ -f "$flagfile" ] || { echo "launch_local.sh: flagfile '$flagfile' not found" >&2; exit 2; }
 flagfile="$(cd "$(dirname "$flagfile")" && pwd)/$(basename "$flagfile")"
@@ -100,7 +116,7 @@ if [ "$build" = 1 ]; then
     tail -50 "${TMPDIR:-/tmp}/ps_build.log"; echo "launch_local.sh: build failed" >&2; exit 1; }
 fi
 bin="${PS_BIN_DIR:-$root/build/bin}"
-for b in ps_coordinator ps_server ps_worker; do
+for b in ps_coordinator ps_server ps_worker ps_keygen; do
   [ -x "$bin/$b" ] || { echo "launch_local.sh: $bin/$b is missing: build first (scripts/build.sh)" >&2; exit 1; }
 done
 
@@ -108,6 +124,20 @@ done
 mkdir -p "$run_dir/logs"
 run_dir="$(cd "$run_dir" && pwd)"
 rm -f "$run_dir/coordinator.endpoint"
+
+if [ "$insecure" = 1 ]; then
+  [ -z "$keys" ] || { echo "launch_local.sh: --keys and --insecure contradict each other" >&2; exit 2; }
+  echo "launch_local.sh: WARNING: --insecure: no authentication, no encryption" >&2
+  security=(--insecure)
+else
+  if [ -z "$keys" ]; then
+    keys="$run_dir/keys"
+    "$bin/ps_keygen" --keys_dir="$keys" >/dev/null || { echo "launch_local.sh: ps_keygen failed" >&2; exit 1; }
+  fi
+  [ -f "$keys/server.secret" ] || { echo "launch_local.sh: $keys/server.secret not found (make keys with scripts/gen_keys.sh DIR)" >&2; exit 2; }
+  keys="$(cd "$keys" && pwd)"
+  security=(--keys_dir="$keys")
+fi
 
 # Every worker runs one BLAS thread unless told otherwise: several processes each running
 # a multi-threaded BLAS on few cores fight each other.
@@ -137,7 +167,7 @@ echo "run directory: $run_dir"
 : >"$run_dir/logs/coordinator.out"  # exists before tail looks for it
 "$bin/ps_coordinator" --flagfile="$flagfile" --num_servers="$servers" --num_workers="$workers" \
   --listen='tcp://127.0.0.1:*' --endpoint_file="$run_dir/coordinator.endpoint" \
-  --run_dir="$run_dir" --metrics_port="$(metrics_port_of 0)" "${extra[@]}" \
+  --run_dir="$run_dir" --metrics_port="$(metrics_port_of 0)" "${security[@]}" "${extra[@]}" \
   >>"$run_dir/logs/coordinator.out" 2>"$run_dir/logs/coordinator.log" &
 coord=$!
 pids+=("$coord"); names+=(coordinator)
@@ -166,7 +196,7 @@ for ((i = 0; i < servers; i++)); do
   listen='tcp://127.0.0.1:*'
   # Unix socket paths are limited to 107 bytes: /tmp, not the run directory.
   [ "$transport" = ipc ] && listen="ipc:///tmp/ps-$$-server-$i.sock"
-  "$bin/ps_server" --coordinator="$endpoint" --listen="$listen" --id="$i" \
+  "$bin/ps_server" --coordinator="$endpoint" --listen="$listen" --id="$i" "${security[@]}" \
     --metrics_port="$(metrics_port_of $((1 + i)))" \
     >"$run_dir/logs/server-$i.log" 2>&1 &
   pids+=($!); names+=("server-$i")
@@ -176,6 +206,7 @@ for ((i = 0; i < workers; i++)); do
   [ "$i" = "$slow_index" ] && slowdown="$slow_factor"
   "$bin/ps_worker" --coordinator="$endpoint" --id="$i" --device="$device" --slowdown="$slowdown" $worker_flags \
     --metrics_port="$(metrics_port_of $((1 + servers + i)))" \
+    "${security[@]}" \
     >"$run_dir/logs/worker-$i.log" 2>&1 &
   pids+=($!); names+=("worker-$i")
 done

@@ -4,7 +4,8 @@
 # exit status, and it stops every process on failure, on Ctrl-C and on exit.
 #
 #   scripts/launch_ssh.sh --hostfile FILE [FLAGFILE] [--run_dir DIR] [--port P]
-#                         [--remote_root DIR] [--ssh_opts "OPTS"] [-- extra job flags]
+#                         [--remote_root DIR] [--ssh_opts "OPTS"] [--keys DIR | --insecure]
+#                         [-- extra job flags]
 #
 # The hostfile names one host a line, then what runs there (# starts a comment):
 #   10.0.0.1          coordinator servers=1     # the coordinator listens on 10.0.0.1:P
@@ -23,6 +24,9 @@
 # at the end when this is not a shared filesystem). --ssh_opts are passed to every ssh
 # (e.g. "-p 2222 -i ~/.ssh/cluster_key"). Closing an ssh connection (Ctrl-C, a failure)
 # stops the process at its other end.
+# Traffic is authenticated and encrypted (CurveZMQ): keys are made here in RUN_DIR/keys
+# (or --keys DIR) and copied over ssh to the same path on every host (mode 0600);
+# --insecure turns security off, which the binaries refuse for non-loopback addresses.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -32,6 +36,8 @@ run_dir=""
 port=7000
 remote_root="$root"
 ssh_opts=""
+keys=""
+insecure=0
 extra=()
 usage() { sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
@@ -41,6 +47,8 @@ while [ $# -gt 0 ]; do
     --port) port="$2"; shift 2 ;;
     --remote_root) remote_root="$2"; shift 2 ;;
     --ssh_opts) ssh_opts="$2"; shift 2 ;;
+    --keys) keys="$2"; shift 2 ;;
+    --insecure) insecure=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     -*) echo "launch_ssh.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -105,6 +113,29 @@ mkdir -p "$run_dir/logs"
 run_dir="$(cd "$run_dir" && pwd)"
 bin="${PS_REMOTE_BIN_DIR:-$remote_root/build/bin}"
 
+# ---- keys: made here, copied to every host under the same path ----
+security=()
+if [ "$insecure" = 1 ]; then
+  [ -z "$keys" ] || { echo "launch_ssh.sh: --keys and --insecure contradict each other" >&2; exit 2; }
+  echo "launch_ssh.sh: WARNING: --insecure: no authentication, no encryption" >&2
+  security=(--insecure)
+else
+  if [ -z "$keys" ]; then
+    keys="$run_dir/keys"
+    "${PS_BIN_DIR:-$root/build/bin}/ps_keygen" --keys_dir="$keys" >/dev/null ||
+      { echo "launch_ssh.sh: ps_keygen failed (build first, or give --keys DIR)" >&2; exit 1; }
+  fi
+  [ -f "$keys/server.secret" ] || { echo "launch_ssh.sh: $keys/server.secret not found (make keys with scripts/gen_keys.sh DIR)" >&2; exit 2; }
+  keys="$(cd "$keys" && pwd)"
+  security=(--keys_dir="$keys")
+  # Every host gets the same files at the same path (harmless on a shared filesystem).
+  for h in $(printf '%s\n' "$coord_host" "${server_hosts[@]}" "${worker_hosts[@]}" | sort -u); do
+    tar -C "$keys" -cf - . | ssh -T -o BatchMode=yes "${ssh_args[@]}" "$h" \
+      "umask 077 && mkdir -p $(printf '%q' "$keys") && tar -C $(printf '%q' "$keys") -xpf -" ||
+      { echo "launch_ssh.sh: could not copy the keys to $h" >&2; exit 1; }
+  done
+fi
+
 # The remote end of every process: run it, and stop it when the ssh connection closes
 # (its stdin reaches EOF), so that no process outlives the launcher.
 remote_cmd() {
@@ -155,17 +186,17 @@ echo "run directory: $run_dir"
 echo "coordinator $endpoint; $servers servers, $workers workers"
 start coordinator "$coord_host" "$run_dir/logs/coordinator.out" "$run_dir/logs/coordinator.log" \
   "$bin/ps_coordinator" --flagfile="$remote_flagfile" --num_servers="$servers" \
-  --num_workers="$workers" --listen="$endpoint" --run_dir="$run_dir" "${extra[@]}"
+  --num_workers="$workers" --listen="$endpoint" --run_dir="$run_dir" "${security[@]}" "${extra[@]}"
 coord=${pids[0]}
 for ((i = 0; i < servers; i++)); do
   log="$run_dir/logs/server-$i.log"
   start "server-$i" "${server_hosts[$i]}" "$log" "$log" "$bin/ps_server" --coordinator="$endpoint" \
-    --listen="tcp://${server_addrs[$i]}:*" --id="$i"
+    --listen="tcp://${server_addrs[$i]}:*" --id="$i" "${security[@]}"
 done
 for ((i = 0; i < workers; i++)); do
   log="$run_dir/logs/worker-$i.log"
   start "worker-$i" "${worker_hosts[$i]}" "$log" "$log" "$bin/ps_worker" --coordinator="$endpoint" \
-    --id="$i" --device="${worker_devices[$i]}" --slowdown="${worker_slowdowns[$i]}"
+    --id="$i" --device="${worker_devices[$i]}" --slowdown="${worker_slowdowns[$i]}" "${security[@]}"
 done
 
 rm -rf "$fifo_dir"  # every ssh has it open; the name is no longer needed

@@ -9,6 +9,7 @@
 
 #include "common/job_config.h"
 #include "common/metrics.h"
+#include "common/security_flags.h"
 #include "server/coordinator.h"
 
 namespace {
@@ -105,6 +106,10 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
 
+  if (ps::Status f = ps::CheckFlagfiles(); !f.ok()) {
+    LOG(ERROR) << "bad flagfile: " << f.message();
+    return 2;
+  }
   std::map<std::string, std::string> flags;
   for (const std::string& name : ps::JobConfig::FlagNames()) {
     std::string value;
@@ -142,7 +147,14 @@ int main(int argc, char** argv) {
               << "/metrics";
   }
   options.metrics = metrics->get();
-  ps::Transport transport;
+  ps::TransportOptions topt;
+  if (ps::Status sec =
+          ps::InstallSecurityFromFlags(ps::SecurityRole::kCoordinator, {FLAGS_listen}, &topt);
+      !sec.ok()) {
+    LOG(ERROR) << "ps_coordinator: " << sec.message();
+    return 2;
+  }
+  ps::Transport transport(topt);
   ps::Status s = ps::RunCoordinator(config.value(), options, &transport, g_stop);
   if (!s.ok()) {
     LOG(ERROR) << "ps_coordinator: " << s.ToString();

@@ -373,10 +373,23 @@ Result<ServerCore::Addressed> ServerCore::Address(uint32_t table_id, wire::Keys:
   }
   Addressed a;
   a.table = &tables_[table_id];
+  // Refuses what no reply buffer should be made for, before the table checks walk a list.
+  auto check_size = [&](uint64_t rows) -> Status {
+    const uint64_t width = a.table->width();
+    if (rows > limits_.max_rows ||
+        (width > 0 && rows > limits_.max_value_bytes / (width * sizeof(float)))) {
+      return InvalidArgument(
+          "request addresses " + std::to_string(rows) + " rows of width " + std::to_string(width) +
+          "; at most " + std::to_string(limits_.max_rows) + " rows and " +
+          std::to_string(limits_.max_value_bytes) + " bytes of values per request: split it");
+    }
+    return Status::Ok();
+  };
   switch (keys.which()) {
     case wire::Keys::RANGE: {
       a.is_range = true;
       a.range = RowRange{keys.getRange().getBegin(), keys.getRange().getEnd()};
+      if (a.range.end > a.range.begin) PS_RETURN_IF_ERROR(check_size(a.range.size()));
       PS_RETURN_IF_ERROR(a.table->CheckRange(a.range));
       a.rows = a.range.size();
       a.next_frame = 1;
@@ -384,6 +397,7 @@ Result<ServerCore::Addressed> ServerCore::Address(uint32_t table_id, wire::Keys:
     }
     case wire::Keys::LIST_COUNT: {
       uint64_t count = keys.getListCount();
+      PS_RETURN_IF_ERROR(check_size(count));
       if (request.size() < 2)
         return InvalidArgument("request names a key list but has no keys frame");
       PS_ASSIGN_OR_RETURN(std::span<const uint64_t> list, FrameAs<uint64_t>(request[1]));

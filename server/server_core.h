@@ -80,6 +80,15 @@ struct ServerStats {
 };
 
 // A reply and who it goes to.
+// Bounds on one push or pull, checked before a row is touched or a reply allocated (the
+// transport already bounds frame sizes and counts).
+struct RequestLimits {
+  // Rows one request may address (range or key list).
+  uint64_t max_rows = uint64_t{1} << 22;
+  // Bytes of values one push may carry or one pull may return (rows x width x 4).
+  uint64_t max_value_bytes = uint64_t{256} << 20;
+};
+
 struct Outgoing {
   std::string peer;
   Frames frames;
@@ -139,6 +148,7 @@ class ServerCore {
   std::vector<HeldPullInfo> HeldPulls(Clock::time_point now) const;
   // Tables of which this server holds at least one row (its shards).
   size_t shards_held() const;
+  void set_limits(const RequestLimits& limits) { limits_ = limits; }
   int server_id() const { return server_id_; }
   size_t held_pulls() const { return held_.size(); }
   int64_t worker_clock(int worker) const { return clocks_.at(static_cast<size_t>(worker)); }
@@ -225,6 +235,7 @@ class ServerCore {
   ServerStats stats_;
   std::vector<float*> fetched_;  // scratch of ForEachRow
   int64_t last_checkpoint_clock_ = 0;
+  RequestLimits limits_;
 };
 
 }  // namespace ps

@@ -2,9 +2,11 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <csignal>
 
 #include "common/metrics.h"
+#include "common/security_flags.h"
 #include "server/server_node.h"
 
 DEFINE_string(coordinator, "", "the coordinator's endpoint, e.g. tcp://127.0.0.1:7000 (required)");
@@ -23,6 +25,14 @@ DEFINE_string(export_dir, "",
               "when set: at job end write this server's rows to DIR/server-ID.safetensors");
 DEFINE_string(spill_dir, "",
               "parent directory of the RocksDB spill databases (empty: under the temp directory)");
+DEFINE_int64(max_frame_mb, 1024,
+             "largest frame accepted, MB; a peer sending a larger one is disconnected");
+DEFINE_int32(max_frames, 64, "most frames in one request; a longer one gets an error");
+DEFINE_int32(receive_hwm, 1000,
+             "requests queued per peer before its connection stops being read (backpressure)");
+DEFINE_uint64(max_request_rows, ps::RequestLimits().max_rows, "rows one push or pull may address");
+DEFINE_uint64(max_request_mb, ps::RequestLimits().max_value_bytes >> 20,
+              "MB of values one push may carry or one pull return");
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -72,6 +82,17 @@ int main(int argc, char** argv) {
   options.export_dir = FLAGS_export_dir;
   ps::TransportOptions topt;
   topt.io_threads = FLAGS_io_threads;
+  topt.max_frame_bytes = FLAGS_max_frame_mb << 20;
+  topt.max_frames = static_cast<size_t>(std::max(FLAGS_max_frames, 1));
+  topt.receive_hwm = FLAGS_receive_hwm;
+  options.limits.max_rows = FLAGS_max_request_rows;
+  options.limits.max_value_bytes = FLAGS_max_request_mb << 20;
+  if (ps::Status sec = ps::InstallSecurityFromFlags(ps::SecurityRole::kServer,
+                                                    {FLAGS_listen, FLAGS_coordinator}, &topt);
+      !sec.ok()) {
+    LOG(ERROR) << "ps_server: " << sec.message();
+    return 2;
+  }
   ps::Transport transport(topt);
   ps::Status s = ps::RunServer(options, &transport, g_stop);
   if (!s.ok()) {

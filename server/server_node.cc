@@ -75,7 +75,11 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
     Result<Incoming> in = socket.Recv(poll_interval);
     ServerCore::After after = ServerCore::After::kContinue;
     out.clear();
-    if (in.ok()) {
+    if (in.ok() && in->too_many_frames) {
+      out.push_back(Outgoing{in->peer, ErrorReply(0, core.server_id(),
+                                                  InvalidArgument("message has too many frames "
+                                                                  "(see --max_frames)"))});
+    } else if (in.ok()) {
       core.Handle(in->peer, in->frames, &out, &after);
     } else if (in.status().code() != StatusCode::kDeadlineExceeded) {
       return in.status();
@@ -109,6 +113,7 @@ Status RunServer(const ServerOptions& options, Transport* transport,
   LOG(INFO) << "registered as server " << reg.id << " of " << reg.config.num_servers;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerCore> core,
                       ServerCore::Create(reg.config, reg.id, options.store));
+  core->set_limits(options.limits);
   // Heartbeats from a thread of their own while serving (common/heartbeat.h).
   HeartbeatOptions hopt;
   hopt.coordinator = options.coordinator;

@@ -40,6 +40,8 @@ struct ServerOptions {
   std::chrono::milliseconds report_interval{1000};
   // Where the Prometheus metrics go (common/metrics.h); nullptr: none. Borrowed.
   Metrics* metrics = nullptr;
+  // Bounds on one push or pull (see server/server_core.h).
+  RequestLimits limits;
 };
 
 // Answers requests on `socket` with `core` until a shutdown request has been answered or

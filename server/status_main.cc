@@ -17,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "common/security_flags.h"
 #include "common/transport.h"
 #include "common/wire.h"
 
@@ -118,6 +119,13 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, OnSignal);
   ps::TransportOptions topt;
   topt.linger = std::chrono::milliseconds(0);
+  // Asks as a worker does: with the job's worker key (--keys_dir), or --insecure.
+  if (ps::Status sec =
+          ps::InstallSecurityFromFlags(ps::SecurityRole::kWorker, {FLAGS_coordinator}, &topt);
+      !sec.ok()) {
+    std::fprintf(stderr, "ps_status: %s\n", sec.message().c_str());
+    return 2;
+  }
   ps::Transport transport(topt);
   const bool clear = FLAGS_watch && !FLAGS_json && isatty(STDOUT_FILENO);
   bool answered = false;

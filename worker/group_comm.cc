@@ -107,8 +107,19 @@ class CpuGroupComm final : public GroupComm {
 
   std::string backend() const override { return "cpu"; }
 
-  Status Join(Transport* transport) {
+  Status Join(Transport* job_transport) {
     const auto deadline = SteadyClock::now() + options_.timeout;
+    // With CURVE on, the group's channel has a transport of its own: the leader listens
+    // with the workers' key pair and admits only that key, so only the job's workers join
+    // (the servers' secret key, which the job's listeners share, is not a worker's).
+    Transport* transport = job_transport;
+    if (job_transport->options().security.curve) {
+      TransportOptions topt = job_transport->options();
+      topt.security.server_public_key = topt.security.own.public_key;
+      topt.security.allowed_clients = {{topt.security.own.public_key, "worker"}};
+      own_transport_ = std::make_unique<Transport>(topt);
+      transport = own_transport_.get();
+    }
     if (leader()) {
       PS_ASSIGN_OR_RETURN(server_, transport->Listen(options_.leader_endpoint));
       peers_.assign(static_cast<size_t>(size()), std::string());
@@ -301,7 +312,8 @@ class CpuGroupComm final : public GroupComm {
   }
 
   const GroupCommOptions options_;
-  std::unique_ptr<ServerSocket> server_;  // leader
+  std::unique_ptr<Transport> own_transport_;  // with CURVE only; outlives the sockets
+  std::unique_ptr<ServerSocket> server_;      // leader
   std::vector<std::string> peers_;        // leader: routing identity by rank
   std::unique_ptr<ClientSocket> client_;  // members
   int64_t seq_ = 0;                       // collective calls so far, the same on every rank

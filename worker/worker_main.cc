@@ -10,6 +10,7 @@
 #include <map>
 
 #include "common/metrics.h"
+#include "common/security_flags.h"
 #include "kernels/kernels.h"
 #include "worker/standalone.h"
 #include "worker/trainer.h"
@@ -153,7 +154,14 @@ int main(int argc, char** argv) {
   options.retry_interval = std::chrono::milliseconds(FLAGS_retry_ms);
   options.prefetch = FLAGS_prefetch;
   options.wire_dtype = FLAGS_wire_dtype;
-  ps::Transport transport;
+  ps::TransportOptions topt;
+  if (ps::Status sec =
+          ps::InstallSecurityFromFlags(ps::SecurityRole::kWorker, {FLAGS_coordinator}, &topt);
+      !sec.ok()) {
+    LOG(ERROR) << "ps_worker: " << sec.message();
+    return 2;
+  }
+  ps::Transport transport(topt);
   ps::Status s = ps::RunWorker(options, &transport, g_stop);
   if (!s.ok()) {
     LOG(ERROR) << "ps_worker: " << s.ToString();

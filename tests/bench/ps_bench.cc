@@ -3,6 +3,7 @@
 // as the raw ZeroMQ echo peer does, so both pay for the same loopback path and cores).
 //
 //   ps_bench [--transport=tcp|ipc] [--seconds=0.5] [--sizes_mb=1,4,16,64] [--json=FILE]
+//   ps_bench --curve=compare [--io_threads=N]   dense push/pull with CURVE vs plain, same run
 //
 // Dense rows: a table of 1024-float rows sized to the message; one Push/Pull covers it
 // all and is split across the servers. Raw ZeroMQ: a DEALER sends the same bytes to a
@@ -32,8 +33,10 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "common/job_config.h"
+#include "common/security.h"
 #include "common/transport.h"
 #include "common/wire.h"
 #include "server/server_core.h"
@@ -44,6 +47,10 @@ DEFINE_string(transport, "tcp", "tcp | ipc");
 DEFINE_double(seconds, 0.5, "time per measurement");
 DEFINE_string(sizes_mb, "1,4,16,64", "dense payload sizes in MB");
 DEFINE_string(json, "", "also write one JSON object per row to this file");
+DEFINE_string(curve, "off",
+              "off: plain ZeroMQ; on: every socket speaks CURVE; compare: dense push/pull "
+              "both ways in the same run, with the ratio");
+DEFINE_int32(io_threads, 1, "ZeroMQ I/O threads (CURVE encrypts on them)");
 
 namespace ps {
 namespace {
@@ -185,8 +192,69 @@ struct Cluster {
   }
 };
 
+// Security for a Transport whose listeners and clients are all of this process.
+SecurityOptions BenchCurve() {
+  SecurityOptions s;
+  s.curve = true;
+  CurveKeyPair server = GenerateCurveKeyPair().value();
+  // One Transport has one SecurityOptions, so its listeners and clients share one pair
+  // (as a job's coordinator and servers do); CURVE permits it.
+  s.own = server;
+  s.server_public_key = server.public_key;
+  s.allowed_clients[server.public_key] = "worker";
+  return s;
+}
+
+// Dense push and pull GB/s over `t` for one payload size and one server.
+std::pair<double, double> DenseGbps(Transport& t, size_t bytes) {
+  uint64_t table_rows = bytes / (kRowFloats * sizeof(float));
+  Cluster c(t, 1, "dense:" + std::to_string(table_rows) + ":" + std::to_string(kRowFloats));
+  std::vector<float> buf(table_rows * kRowFloats, 0.0f);
+  RowRange all{0, table_rows};
+  double push = Rate([&] { (void)c.client->Wait(c.client->PushRange(0, all, buf)); }) * bytes / 1e9;
+  double pull = Rate([&] { (void)c.client->Wait(c.client->PullRange(0, all, buf)); }) * bytes / 1e9;
+  return {push, pull};
+}
+
+void CompareCurve() {
+  TransportOptions plain_opt;
+  plain_opt.io_threads = FLAGS_io_threads;
+  TransportOptions curve_opt = plain_opt;
+  curve_opt.security = BenchCurve();
+  Transport plain(plain_opt), curve(curve_opt);
+  std::vector<int> sizes = ParseIntList("sizes_mb", FLAGS_sizes_mb).value();
+  std::printf("ps_bench: CURVE vs plain over %s, 1 server, %d I/O thread(s), %.1f s each\n",
+              FLAGS_transport.c_str(), FLAGS_io_threads, FLAGS_seconds);
+  std::printf("%-6s %8s %12s %12s %8s\n", "mode", "size_MB", "plain_GB/s", "curve_GB/s", "ratio");
+  std::ofstream json_out;
+  if (!FLAGS_json.empty()) json_out.open(FLAGS_json);
+  for (int mb : sizes) {
+    size_t bytes = static_cast<size_t>(mb) << 20;
+    auto [p_push, p_pull] = DenseGbps(plain, bytes);
+    auto [c_push, c_pull] = DenseGbps(curve, bytes);
+    for (auto [mode, p, c] : {std::tuple<const char*, double, double>{"push", p_push, c_push},
+                              {"pull", p_pull, c_pull}}) {
+      std::printf("%-6s %8d %12.3f %12.3f %8.3f\n", mode, mb, p, c, c / p);
+      if (json_out) {
+        json_out << nlohmann::json{{"mode", mode},
+                                   {"size_bytes", bytes},
+                                   {"path", FLAGS_transport},
+                                   {"io_threads", FLAGS_io_threads},
+                                   {"plain_gbps", p},
+                                   {"curve_gbps", c},
+                                   {"ratio", c / p}}
+                        .dump()
+                 << "\n";
+      }
+    }
+  }
+}
+
 void Run() {
+  if (FLAGS_curve == "compare") return CompareCurve();
   TransportOptions topt;
+  topt.io_threads = FLAGS_io_threads;
+  if (FLAGS_curve == "on") topt.security = BenchCurve();
   Transport t(topt);
   std::vector<int> sizes = ParseIntList("sizes_mb", FLAGS_sizes_mb).value();
   std::vector<nlohmann::json> rows;

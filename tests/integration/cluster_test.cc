@@ -209,7 +209,7 @@ TEST_F(ClusterTest, ThreeWorkersPushKnownGradientsAndFinalValuesAreExact) {
     servers.push_back(std::move(s).value());
   }
 
-  Transport transport;
+  Transport transport(ClientTransportOptions());
   std::vector<WorkerRun> runs(kWorkers);
   {
     std::vector<std::thread> threads;
@@ -325,7 +325,7 @@ TEST_F(ClusterTest, WorkerWithAnotherProtocolVersionIsRefused) {
   Result<ChildProcess> coordinator = StartCoordinator(kTinyJob, deadline, &endpoint);
   ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
 
-  Transport transport;
+  Transport transport(ClientTransportOptions());
   Result<std::unique_ptr<ClientSocket>> socket = transport.Connect(endpoint);
   ASSERT_TRUE(socket.ok()) << socket.status().ToString();
   ASSERT_TRUE((*socket)->Send(WorkerRegisterFrames(999, 77, "from the future")).ok());
@@ -366,7 +366,7 @@ TEST_F(ClusterTest, WorkerBeyondTheJobsWorkerCountIsRefused) {
   Result<ChildProcess> coordinator = StartCoordinator(kTinyJob, deadline, &endpoint);
   ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
 
-  Transport transport;
+  Transport transport(ClientTransportOptions());
   // The first worker registers; its answer waits for the server, which is not started yet.
   Result<std::unique_ptr<ClientSocket>> first = transport.Connect(endpoint);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
@@ -424,11 +424,10 @@ TEST_F(ClusterTest, MalformedReportsAreRefusedAndTheJobGoesOn) {
   ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
   Result<ChildProcess> server = StartServer(0, endpoint);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
-  Transport transport;
+  Transport transport(ClientTransportOptions());
   RegisterRequest req;
   req.device = "test";
-  Result<Registration> reg =
-      RegisterWithCoordinator(&transport, endpoint, req, TimeLeft(deadline));
+  Result<Registration> reg = RegisterWithCoordinator(&transport, endpoint, req, TimeLeft(deadline));
   ASSERT_TRUE(reg.ok()) << reg.status().ToString();
   for (const char* text : {R"({"kind":"train","examples":"many"})", R"({"kind":7})",
                            R"({"kind":"eval","final":"yes"})", "not json", "[1,2]"}) {

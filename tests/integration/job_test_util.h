@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/registration.h"
+#include "common/security.h"
 #include "common/wire.h"
 #include "tests/integration/process.h"
 
@@ -107,6 +108,49 @@ class JobTest : public ::testing::Test {
     }
   }
 
+  // ---- security: every process of a test job speaks CURVE with keys made here ----
+
+  // The job's keys directory (dir_/keys), made on first use with the pairs 'server' and
+  // 'worker' (as ps_keygen makes them).
+  const std::string& KeysDir() {
+    if (keys_dir_.empty()) {
+      const std::string dir = dir_.Join("keys");
+      for (const char* name : {"server", "worker"}) {
+        Result<CurveKeyPair> pair = GenerateCurveKeyPair();
+        EXPECT_TRUE(pair.ok()) << pair.status().ToString();
+        if (!pair.ok()) break;
+        Status s = WriteKeyPair(dir, name, name, *pair);
+        EXPECT_TRUE(s.ok()) << s.ToString();
+      }
+      keys_dir_ = dir;
+    }
+    return keys_dir_;
+  }
+
+  // The flags that give a started binary the job's keys. Every binary a test starts gets
+  // these (StartCoordinator and StartServer add them).
+  std::vector<std::string> SecurityFlags() {
+    if (insecure_) return {"--insecure"};
+    return {"--keys_dir=" + KeysDir()};
+  }
+
+  // From now on, start binaries with --insecure and make plain client transports.
+  void UseInsecure() { insecure_ = true; }
+
+  // Options for a Transport whose client sockets play a worker (or, with key_name "server",
+  // the coordinator or a server) of the job.
+  TransportOptions ClientTransportOptions(const std::string& key_name = "worker") {
+    TransportOptions o;
+    if (insecure_) return o;
+    ps::SecurityFlags flags;
+    flags.keys_dir = KeysDir();
+    flags.key_name = key_name;
+    Result<SecurityOptions> sec = LoadSecurity(SecurityRole::kWorker, flags, {});
+    EXPECT_TRUE(sec.ok()) << sec.status().ToString();
+    if (sec.ok()) o.security = *sec;
+    return o;
+  }
+
   // Starts ps_coordinator on a free port and waits for its endpoint.
   Result<ChildProcess> StartCoordinator(const std::vector<std::string>& job_flags,
                                         Deadline deadline, std::string* endpoint) {
@@ -114,6 +158,7 @@ class JobTest : public ::testing::Test {
         BinaryPath("ps_coordinator"),         "--listen=tcp://127.0.0.1:*",
         "--endpoint_file=" + dir_.Join("ep"), "--run_dir=" + RunDir(),
         "--progress_every_seconds=0",         "--register_timeout_ms=30000"};
+    for (std::string& f : SecurityFlags()) argv.push_back(std::move(f));
     argv.insert(argv.end(), job_flags.begin(), job_flags.end());
     PS_ASSIGN_OR_RETURN(ChildProcess c, ChildProcess::Spawn(argv, dir_.Join("coordinator.log")));
     PS_RETURN_IF_ERROR(WaitForFile(dir_.Join("ep"), deadline, &c));
@@ -123,10 +168,13 @@ class JobTest : public ::testing::Test {
     return c;
   }
 
-  Result<ChildProcess> StartServer(int i, const std::string& coordinator) {
-    return ChildProcess::Spawn({BinaryPath("ps_server"), "--coordinator=" + coordinator,
-                                "--listen=tcp://127.0.0.1:*", "--register_timeout_ms=30000"},
-                               dir_.Join("server-" + std::to_string(i) + ".log"));
+  Result<ChildProcess> StartServer(int i, const std::string& coordinator,
+                                   const std::vector<std::string>& extra_flags = {}) {
+    std::vector<std::string> argv = {BinaryPath("ps_server"), "--coordinator=" + coordinator,
+                                     "--listen=tcp://127.0.0.1:*", "--register_timeout_ms=30000"};
+    for (std::string& f : SecurityFlags()) argv.push_back(std::move(f));
+    argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+    return ChildProcess::Spawn(argv, dir_.Join("server-" + std::to_string(i) + ".log"));
   }
 
   // Fails the test unless `p` exits with status 0 before `deadline`; the test goes on, so
@@ -149,6 +197,10 @@ class JobTest : public ::testing::Test {
   std::string RunDir() const { return dir_.Join("run"); }
 
   TempDir dir_{"ps_job_test_"};
+
+ private:
+  std::string keys_dir_;
+  bool insecure_ = false;
 };
 
 // ---- whole jobs through scripts/launch_local.sh ----

@@ -92,7 +92,7 @@ TEST_P(SspTest, EveryPullSeesTheUpdatesTheBoundPromises) {
   auto s1 = StartServer(1, endpoint);
   ASSERT_TRUE(s0.ok() && s1.ok());
 
-  Transport transport;
+  Transport transport(ClientTransportOptions());
   std::vector<WorkerLog> logs(kWorkers);
   std::vector<Registration> regs(kWorkers);
   std::vector<std::thread> threads;
