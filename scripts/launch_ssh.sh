@@ -128,10 +128,13 @@ else
   [ -f "$keys/server.secret" ] || { echo "launch_ssh.sh: $keys/server.secret not found (make keys with scripts/gen_keys.sh DIR)" >&2; exit 2; }
   keys="$(cd "$keys" && pwd)"
   security=(--keys_dir="$keys")
-  # Every host gets the same files at the same path (harmless on a shared filesystem).
+  # Every host gets the same files at the same path; a host that already sees them (this
+  # one, a shared filesystem) is left alone: unpacking over the files being read would
+  # truncate them.
+  qkeys="$(printf '%q' "$keys")"
   for h in $(printf '%s\n' "$coord_host" "${server_hosts[@]}" "${worker_hosts[@]}" | sort -u); do
     tar -C "$keys" -cf - . | ssh -T -o BatchMode=yes "${ssh_args[@]}" "$h" \
-      "umask 077 && mkdir -p $(printf '%q' "$keys") && tar -C $(printf '%q' "$keys") -xpf -" ||
+      "if [ -f $qkeys/server.secret ]; then cat >/dev/null; else umask 077 && mkdir -p $qkeys && tar -C $qkeys -xpf -; fi" ||
       { echo "launch_ssh.sh: could not copy the keys to $h" >&2; exit 1; }
   done
 fi

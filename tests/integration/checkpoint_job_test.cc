@@ -28,10 +28,11 @@ class CheckpointJobTest : public itest::JobTest {
   // A server whose spill databases live in the test's directory: SIGKILL leaves them
   // behind, and the test directory is removed at the end.
   Result<ChildProcess> StartSpillingServer(const std::string& coordinator) {
-    return ChildProcess::Spawn({itest::BinaryPath("ps_server"), "--coordinator=" + coordinator,
-                                "--listen=tcp://127.0.0.1:*", "--register_timeout_ms=30000",
-                                "--spill_dir=" + dir_.Join("spill")},
-                               dir_.Join("server-0.log"));
+    std::vector<std::string> argv = {itest::BinaryPath("ps_server"), "--coordinator=" + coordinator,
+                                     "--listen=tcp://127.0.0.1:*", "--register_timeout_ms=30000",
+                                     "--spill_dir=" + dir_.Join("spill")};
+    for (std::string& f : SecurityFlags()) argv.push_back(std::move(f));
+    return ChildProcess::Spawn(argv, dir_.Join("server-0.log"));
   }
 };
 
@@ -76,7 +77,7 @@ TEST_F(CheckpointJobTest, KilledServerRestartsFromTheLatestCheckpoint) {
       "--memory_budget=256KB"};  // ~1k rows in memory: most of the 3000 spill
   const std::vector<uint64_t> keys = Keys();
   std::vector<float> at_checkpoint(keys.size() * kWidth);
-  Transport transport;
+  Transport transport(ClientTransportOptions());
   {
     std::string endpoint;
     Result<ChildProcess> coordinator = StartCoordinator(job, deadline, &endpoint);

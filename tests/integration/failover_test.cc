@@ -63,6 +63,7 @@ class FailoverTest : public itest::JobTest {
     std::vector<std::string> argv = {itest::BinaryPath("ps_worker"), "--coordinator=" + endpoint_,
                                      "--drain_timeout_ms=8000", "--register_timeout_ms=30000"};
     if (id >= 0) argv.push_back("--id=" + std::to_string(id));
+    for (std::string& f : SecurityFlags()) argv.push_back(std::move(f));
     const std::string name = id >= 0 ? "worker-" + std::to_string(id) : "worker-join";
     setenv("OPENBLAS_NUM_THREADS", "1", 0);
     Result<itest::ChildProcess> p = itest::ChildProcess::Spawn(argv, dir_.Join(name + ".log"));

@@ -92,8 +92,11 @@ TEST_F(GroupFailureTest, AStalledMemberBreaksTheGroupAndBothFinishAlone) {
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   std::vector<itest::ChildProcess> workers;
   for (int i = 0; i < 2; ++i) {
+    std::vector<std::string> argv = {itest::BinaryPath("ps_worker"), "--coordinator=" + endpoint,
+                                     "--id=" + std::to_string(i)};
+    for (std::string& f : SecurityFlags()) argv.push_back(std::move(f));
     auto w = itest::ChildProcess::Spawn(
-        {itest::BinaryPath("ps_worker"), "--coordinator=" + endpoint, "--id=" + std::to_string(i)},
+        argv,
         dir_.Join("worker-" + std::to_string(i) + ".log"));
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     workers.push_back(std::move(w).value());
@@ -132,7 +135,7 @@ TEST_F(GroupFailureTest, AGroupMixingDevicesIsRefused) {
   ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
   auto server = StartServer(0, endpoint);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
-  Transport transport;
+  Transport transport(ClientTransportOptions());
   std::vector<Status> outcomes(2);
   std::vector<std::thread> workers;
   const char* devices[] = {"cpu: 1 threads", "NVIDIA H200 (cuda:0)"};

@@ -45,6 +45,7 @@ class StandaloneTest : public itest::JobTest {
     std::vector<std::string> argv = {itest::BinaryPath("ps_worker"), "--coordinator=" + endpoint,
                                      "--register_timeout_ms=30000"};
     argv.insert(argv.end(), worker_flags.begin(), worker_flags.end());
+    for (std::string& f : SecurityFlags()) argv.push_back(std::move(f));
     PS_ASSIGN_OR_RETURN(itest::ChildProcess worker,
                         itest::ChildProcess::Spawn(argv, dir_.Join("worker-0.log")));
     for (itest::ChildProcess* p : {&worker, &coordinator, &server}) {

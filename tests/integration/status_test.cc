@@ -33,12 +33,12 @@ Result<StatusRun> RunStatus(const std::vector<std::string>& flags, const std::st
 
 TEST(StatusTest, NoCoordinatorIsAnErrorNamingIt) {
   itest::TempDir dir("ps_status_test_");
-  auto r = RunStatus({"--coordinator=tcp://127.0.0.1:1", "--timeout_ms=300"}, dir.Join("s.log"),
+  auto r = RunStatus({"--coordinator=tcp://127.0.0.1:1", "--timeout_ms=300", "--insecure"}, dir.Join("s.log"),
                      itest::DeadlineIn(std::chrono::seconds(20)));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->exit_status, 1) << r->output;
   EXPECT_NE(r->output.find("tcp://127.0.0.1:1"), std::string::npos) << r->output;
-  auto bad = RunStatus({"--coordinator=http://x"}, dir.Join("b.log"),
+  auto bad = RunStatus({"--coordinator=http://x", "--insecure"}, dir.Join("b.log"),
                        itest::DeadlineIn(std::chrono::seconds(20)));
   ASSERT_TRUE(bad.ok()) << bad.status().ToString();
   EXPECT_EQ(bad->exit_status, 2) << bad->output;
@@ -65,6 +65,8 @@ TEST(StatusTest, StatusShowsWorkersWaitingOnTheStraggler) {
   ASSERT_TRUE(ep_ready.ok()) << ep_ready.ToString()
                              << itest::TailOfFile(dir.Join("launch.log"), 30);
   auto ep_text = itest::ReadFile(run_dir + "/coordinator.endpoint");
+  // ps_status asks with the job's worker key, which launch_local.sh made.
+  const std::string keys = "--keys_dir=" + run_dir + "/keys";
   ASSERT_TRUE(ep_text.ok());
   std::string endpoint = *ep_text;
   while (!endpoint.empty() && endpoint.back() == '\n') endpoint.pop_back();
@@ -73,7 +75,8 @@ TEST(StatusTest, StatusShowsWorkersWaitingOnTheStraggler) {
   json last;
   bool seen_waiting = false;
   while (!seen_waiting && itest::SteadyClock::now() < deadline) {
-    auto r = RunStatus({"--coordinator=" + endpoint, "--json"}, dir.Join("status.log"), deadline);
+    auto r = RunStatus({"--coordinator=" + endpoint, "--json", keys}, dir.Join("status.log"),
+                       deadline);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     ASSERT_EQ(r->exit_status, 0) << r->output;
     last = json::parse(r->output, nullptr, /*allow_exceptions=*/false);
@@ -95,13 +98,13 @@ TEST(StatusTest, StatusShowsWorkersWaitingOnTheStraggler) {
 
   // --watch keeps printing while the job runs, and ends (0) once the coordinator is gone.
   auto watch = itest::ChildProcess::Spawn(
-      {itest::BinaryPath("ps_status"), "--coordinator=" + endpoint, "--watch", "--json",
+      {itest::BinaryPath("ps_status"), "--coordinator=" + endpoint, keys, "--watch", "--json",
        "--interval_seconds=0.2", "--timeout_ms=1000"},
       dir.Join("watch.log"));
   ASSERT_TRUE(watch.ok()) << watch.status().ToString();
 
   // The table form names the worker waited on.
-  auto table = RunStatus({"--coordinator=" + endpoint}, dir.Join("table.log"), deadline);
+  auto table = RunStatus({"--coordinator=" + endpoint, keys}, dir.Join("table.log"), deadline);
   ASSERT_TRUE(table.ok()) << table.status().ToString();
   EXPECT_EQ(table->exit_status, 0) << table->output;
   EXPECT_NE(table->output.find("worker 1"), std::string::npos) << table->output;
