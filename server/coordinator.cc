@@ -491,6 +491,7 @@ class CoordinatorJob {
       std::printf("worker %d left; %d leases back to the queue  %.1fs\n", w, returned, Elapsed());
     }
     std::fflush(stdout);
+    metrics_failures_.Increment();
     failures_.push_back(std::move(event));
     if (barrier_released_ && w == final_evaluator_) {
       return Internal("worker " + std::to_string(w) +
@@ -809,8 +810,11 @@ class CoordinatorJob {
             if (r.failed) {
               LOG(ERROR) << "worker " << w << " failed: " << r.message;
               metrics_failures_.Increment();
-              failures_.push_back(
-                  {{"time", Elapsed()}, {"role", "worker"}, {"id", w}, {"message", r.message}});
+              failures_.push_back({{"kind", "worker_failed"},
+                                   {"process", "worker-" + std::to_string(w)},
+                                   {"worker", w},
+                                   {"time", Elapsed()},
+                                   {"message", r.message}});
               // Its unfinished chunks go back to the queue for the others.
               int returned = leases_.Release(w);
               if (returned > 0) {
@@ -1337,7 +1341,6 @@ class CoordinatorJob {
   };
   std::vector<WorkerLive> worker_live_;
   std::vector<ServerLive> server_live_;
-  json failures_ = json::array();
 
   // Prometheus metrics (no-ops without options_.metrics).
   struct WorkerMetricHandles {

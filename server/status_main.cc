@@ -88,8 +88,11 @@ void PrintTable(const json& st) {
   const json failures = st.value("failures", json::array());
   std::printf("\nfailures: %s\n", failures.empty() ? "none" : "");
   for (const json& f : failures) {
-    std::printf("  %.1fs  %s %d: %s\n", f.value("time", 0.0), f.value("role", "").c_str(),
-                f.value("id", -1), f.value("message", "").c_str());
+    // Failure events (server/coordinator.cc): kind, process, and what was recovered or why.
+    std::string what = f.value("recovered", "");
+    if (what.empty()) what = f.value("message", "");
+    std::printf("  %.1fs  %s %s: %s\n", f.value("time", 0.0), f.value("kind", "").c_str(),
+                f.value("process", "").c_str(), what.c_str());
   }
 }
 

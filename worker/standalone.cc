@@ -143,10 +143,12 @@ Status RunStandalone(JobConfig config, const StandaloneOptions& options,
   params.reserve(config.table_specs.size());
   for (const TableSpec& spec : config.table_specs) {
     const size_t state = optimizer->StateFloats(spec.width);
-    params.push_back(Param{Table(spec, RowRange{0, spec.rows}, config.seed, state), {}, {}});
+    PS_ASSIGN_OR_RETURN(Table table,
+                        Table::Create(spec, RowRange{0, spec.rows}, config.seed, state));
+    params.push_back(Param{std::move(table), {}, {}});
     Param& p = params.back();
     p.grad.assign(spec.rows * spec.width, 0.0f);
-    p.table_values = p.table.Row(0);
+    p.table_values = p.table.DenseRow(0);
     if (state > 0) p.copy.assign(spec.rows * spec.width, 0.0f);
   }
   // "Pull": the values out of rows that carry state (nothing to do for plain SGD).
@@ -155,7 +157,7 @@ Status RunStandalone(JobConfig config, const StandaloneOptions& options,
       if (p.copy.empty()) continue;
       const size_t w = p.table.width();
       for (uint64_t r = 0; r < p.table.spec().rows; ++r) {
-        std::memcpy(p.copy.data() + r * w, p.table.Row(r), w * sizeof(float));
+        std::memcpy(p.copy.data() + r * w, p.table.DenseRow(r), w * sizeof(float));
       }
     }
   };
@@ -254,7 +256,7 @@ Status RunStandalone(JobConfig config, const StandaloneOptions& options,
           const size_t state = p.table.stride() - w;
           const std::span<const float> g(p.grad);
           for (uint64_t r = 0; r < p.table.spec().rows; ++r) {
-            float* row = p.table.Row(r);
+            float* row = p.table.DenseRow(r);
             optimizer->Apply(std::span<float>(row, w), std::span<float>(row + w, state),
                              g.subspan(r * w, w), lr);
           }

@@ -57,6 +57,9 @@ DEFINE_string(run_dir, "", "--standalone: run directory (default runs/<time>-sta
 namespace {
 std::atomic<bool> g_stop{false};
 
+// --standalone stops at the next step on SIGTERM/SIGINT (it has no job to drain from).
+void OnSignal(int) { g_stop.store(true); }
+
 // SIGTERM and SIGINT go to this thread (blocked everywhere else): it asks the worker to
 // drain and, should draining take longer than --drain_timeout_ms, ends the process.
 void SignalThread(sigset_t signals, std::chrono::milliseconds drain_timeout) {
