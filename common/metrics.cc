@@ -2,6 +2,7 @@
 
 #include <CivetServer.h>
 #include <dlfcn.h>
+#include <glog/logging.h>
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
@@ -42,6 +43,20 @@ void Histogram::Observe(double value) const {
 
 void Histogram::ObserveMany(const std::vector<double>& bucket_counts, double sum) const {
   if (h_ != nullptr) h_->ObserveMultiple(bucket_counts, sum);
+}
+
+Result<std::unique_ptr<Metrics>> StartProcessMetrics(const std::string& role, int id,
+                                                     const std::string& host, int port) {
+  MetricsOptions options;
+  options.host = host;
+  options.port = port;
+  options.const_labels = {{"role", role}};
+  if (id >= 0) options.const_labels["id"] = std::to_string(id);
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Metrics> metrics, Metrics::Start(options));
+  if (metrics->port() > 0) {
+    LOG(INFO) << "metrics on http://" << host << ":" << metrics->port() << "/metrics";
+  }
+  return metrics;
 }
 
 Result<std::unique_ptr<Metrics>> Metrics::Start(const MetricsOptions& options) {

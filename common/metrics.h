@@ -71,6 +71,14 @@ struct MetricsOptions {
   MetricLabels const_labels;
 };
 
+class Metrics;
+
+// A binary's metrics: `role` and (when >= 0) `id` as labels on every series, the endpoint
+// at host:port (port 0: none), and a log line saying where it listens. Each main calls it
+// once.
+Result<std::unique_ptr<Metrics>> StartProcessMetrics(const std::string& role, int id,
+                                                     const std::string& host, int port);
+
 class Metrics {
  public:
   // Starts the registry and, with a port, the HTTP endpoint. Unavailable when the port

@@ -2,8 +2,8 @@
 
 #include <glog/logging.h>
 #include <kj/exception.h>
-#include <unistd.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>

@@ -133,18 +133,10 @@ int main(int argc, char** argv) {
   options.endpoint_file = FLAGS_endpoint_file;
   options.register_timeout = std::chrono::milliseconds(FLAGS_register_timeout_ms);
   options.progress_every_seconds = FLAGS_progress_every_seconds;
-  ps::MetricsOptions mopt;
-  mopt.host = FLAGS_metrics_host;
-  mopt.port = FLAGS_metrics_port;
-  mopt.const_labels = {{"role", "coordinator"}};
-  auto metrics = ps::Metrics::Start(mopt);
+  auto metrics = ps::StartProcessMetrics("coordinator", -1, FLAGS_metrics_host, FLAGS_metrics_port);
   if (!metrics.ok()) {
     LOG(ERROR) << "ps_coordinator: " << metrics.status().ToString();
     return 2;
-  }
-  if ((*metrics)->port() > 0) {
-    LOG(INFO) << "metrics on http://" << FLAGS_metrics_host << ":" << (*metrics)->port()
-              << "/metrics";
   }
   options.metrics = metrics->get();
   ps::TransportOptions topt;

@@ -70,7 +70,7 @@ struct ServerStats {
   uint64_t spill_bytes_written = 0;
   uint64_t peak_rss_bytes = 0;  // the process's (VmHWM), 0 where unknown
   uint64_t checkpoints_written = 0;
-  int64_t restored_clock = -1;  // the checkpoint this server started from, -1: none
+  int64_t restored_clock = -1;    // the checkpoint this server started from, -1: none
   uint64_t pushes_duplicate = 0;  // retried pushes answered again, not applied twice
   uint64_t workers_evicted = 0;
   // Applied pushes by staleness; the last bucket counts everything at or above its index.

@@ -55,19 +55,11 @@ int main(int argc, char** argv) {
   options.listen = FLAGS_listen;
   options.register_timeout = std::chrono::milliseconds(FLAGS_register_timeout_ms);
   options.requested_id = FLAGS_id;
-  ps::MetricsOptions mopt;
-  mopt.host = FLAGS_metrics_host;
-  mopt.port = FLAGS_metrics_port;
-  mopt.const_labels = {{"role", "server"}};
-  if (FLAGS_id >= 0) mopt.const_labels["id"] = std::to_string(FLAGS_id);
-  auto metrics = ps::Metrics::Start(mopt);
+  auto metrics =
+      ps::StartProcessMetrics("server", FLAGS_id, FLAGS_metrics_host, FLAGS_metrics_port);
   if (!metrics.ok()) {
     LOG(ERROR) << "ps_server: " << metrics.status().ToString();
     return 2;
-  }
-  if ((*metrics)->port() > 0) {
-    LOG(INFO) << "metrics on http://" << FLAGS_metrics_host << ":" << (*metrics)->port()
-              << "/metrics";
   }
   options.metrics = metrics->get();
   if (!FLAGS_memory_budget.empty()) {

@@ -314,9 +314,9 @@ class CpuGroupComm final : public GroupComm {
   const GroupCommOptions options_;
   std::unique_ptr<Transport> own_transport_;  // with CURVE only; outlives the sockets
   std::unique_ptr<ServerSocket> server_;      // leader
-  std::vector<std::string> peers_;        // leader: routing identity by rank
-  std::unique_ptr<ClientSocket> client_;  // members
-  int64_t seq_ = 0;                       // collective calls so far, the same on every rank
+  std::vector<std::string> peers_;            // leader: routing identity by rank
+  std::unique_ptr<ClientSocket> client_;      // members
+  int64_t seq_ = 0;                           // collective calls so far, the same on every rank
 };
 
 // ---- the nccl backend: NCCL moves the floats, the cpu channel the rest ----

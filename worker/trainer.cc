@@ -13,8 +13,8 @@
 #include "common/registration.h"
 #include "common/shard_map.h"
 #include "common/wire.h"
-#include "worker/worker_metrics.h"
 #include "worker/group_trainer.h"
+#include "worker/worker_metrics.h"
 
 namespace ps {
 namespace {

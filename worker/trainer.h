@@ -220,8 +220,8 @@ class TrainingLoop {
   bool stop_seen_ = false;
   std::chrono::steady_clock::time_point stop_time_;
   uint64_t pushes_lost_ = 0;  // push or tick requests that failed (not acknowledged)
-  bool prefetch_ = false;          // prefetching at all
-  bool prefetched_ = false;        // a prefetch for the next step is in flight
+  bool prefetch_ = false;     // prefetching at all
+  bool prefetched_ = false;   // a prefetch for the next step is in flight
   // Step time breakdown (see the top of this file).
   double pull_seconds_ = 0, push_seconds_ = 0, blocked_seconds_ = 0;
   // How long each step blocked on its pull (the round trip, holds included, without

@@ -5,9 +5,9 @@
 
 #include <csignal>
 #include <cstdlib>
-#include <thread>
 #include <ctime>
 #include <map>
+#include <thread>
 
 #include "common/metrics.h"
 #include "common/security_flags.h"
@@ -137,19 +137,11 @@ int main(int argc, char** argv) {
   options.request_timeout = std::chrono::milliseconds(FLAGS_request_timeout_ms);
   options.slowdown = FLAGS_slowdown;
   options.batch_size = FLAGS_batch_size;
-  ps::MetricsOptions mopt;
-  mopt.host = FLAGS_metrics_host;
-  mopt.port = FLAGS_metrics_port;
-  mopt.const_labels = {{"role", "worker"}};
-  if (FLAGS_id >= 0) mopt.const_labels["id"] = std::to_string(FLAGS_id);
-  auto metrics = ps::Metrics::Start(mopt);
+  auto metrics =
+      ps::StartProcessMetrics("worker", FLAGS_id, FLAGS_metrics_host, FLAGS_metrics_port);
   if (!metrics.ok()) {
     LOG(ERROR) << "ps_worker: " << metrics.status().ToString();
     return 2;
-  }
-  if ((*metrics)->port() > 0) {
-    LOG(INFO) << "metrics on http://" << FLAGS_metrics_host << ":" << (*metrics)->port()
-              << "/metrics";
   }
   options.metrics = metrics->get();
   options.group = FLAGS_group;

@@ -206,10 +206,10 @@ TEST_F(FailoverTest, AWorkerJoinsARunningJobThroughTheLauncher) {
   const std::string bin_dir =
       std::filesystem::path(itest::BinaryPath("ps_worker")).parent_path().string();
   setenv("PS_BIN_DIR", bin_dir.c_str(), 0);
-  Result<itest::ChildProcess> joiner = itest::ChildProcess::Spawn(
-      {"/bin/bash", itest::SourceDir() + "/scripts/launch_local.sh", "--join", RunDir(), "--keys",
-       KeysDir()},
-      dir_.Join("join.log"));
+  Result<itest::ChildProcess> joiner =
+      itest::ChildProcess::Spawn({"/bin/bash", itest::SourceDir() + "/scripts/launch_local.sh",
+                                  "--join", RunDir(), "--keys", KeysDir()},
+                                 dir_.Join("join.log"));
   ASSERT_TRUE(joiner.ok()) << joiner.status().ToString();
   json summary = FinishJob();
   ExpectCleanExit(*joiner, "joined worker", deadline_);

@@ -95,9 +95,7 @@ TEST_F(GroupFailureTest, AStalledMemberBreaksTheGroupAndBothFinishAlone) {
     std::vector<std::string> argv = {itest::BinaryPath("ps_worker"), "--coordinator=" + endpoint,
                                      "--id=" + std::to_string(i)};
     for (std::string& f : SecurityFlags()) argv.push_back(std::move(f));
-    auto w = itest::ChildProcess::Spawn(
-        argv,
-        dir_.Join("worker-" + std::to_string(i) + ".log"));
+    auto w = itest::ChildProcess::Spawn(argv, dir_.Join("worker-" + std::to_string(i) + ".log"));
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     workers.push_back(std::move(w).value());
   }

@@ -33,8 +33,8 @@ Result<StatusRun> RunStatus(const std::vector<std::string>& flags, const std::st
 
 TEST(StatusTest, NoCoordinatorIsAnErrorNamingIt) {
   itest::TempDir dir("ps_status_test_");
-  auto r = RunStatus({"--coordinator=tcp://127.0.0.1:1", "--timeout_ms=300", "--insecure"}, dir.Join("s.log"),
-                     itest::DeadlineIn(std::chrono::seconds(20)));
+  auto r = RunStatus({"--coordinator=tcp://127.0.0.1:1", "--timeout_ms=300", "--insecure"},
+                     dir.Join("s.log"), itest::DeadlineIn(std::chrono::seconds(20)));
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ(r->exit_status, 1) << r->output;
   EXPECT_NE(r->output.find("tcp://127.0.0.1:1"), std::string::npos) << r->output;
@@ -75,8 +75,8 @@ TEST(StatusTest, StatusShowsWorkersWaitingOnTheStraggler) {
   json last;
   bool seen_waiting = false;
   while (!seen_waiting && itest::SteadyClock::now() < deadline) {
-    auto r = RunStatus({"--coordinator=" + endpoint, "--json", keys}, dir.Join("status.log"),
-                       deadline);
+    auto r =
+        RunStatus({"--coordinator=" + endpoint, "--json", keys}, dir.Join("status.log"), deadline);
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     ASSERT_EQ(r->exit_status, 0) << r->output;
     last = json::parse(r->output, nullptr, /*allow_exceptions=*/false);

@@ -2,9 +2,8 @@
 // plus the real Fashion-MNIST files where the machine has them.
 #include "worker/idx_reader.h"
 
-#include <sys/resource.h>
-
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <zlib.h>
 
