@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -33,11 +34,21 @@ Status WriteSafetensors(const std::string& path, const std::vector<SafeTensor>& 
     for (const auto& [k, v] : metadata) meta[k] = v;
     header["__metadata__"] = meta;
   }
+  // The format allows no holes between tensors, so alignment comes from the order: 8-byte
+  // types first, then the rest, keeps every tensor aligned to its element (readers that
+  // map the file, and a cast of the bytes to uint64_t, need that).
+  std::vector<const SafeTensor*> order;
+  for (const SafeTensor& t : tensors) order.push_back(&t);
+  auto wide = [](const SafeTensor* t) {
+    return t->dtype == "U64" || t->dtype == "I64" || t->dtype == "F64";
+  };
+  std::stable_partition(order.begin(), order.end(), wide);
   uint64_t offset = 0;
-  for (const SafeTensor& t : tensors) {
-    header[t.name] = {
-        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.data.size()}}};
-    offset += t.data.size();
+  for (const SafeTensor* t : order) {
+    header[t->name] = {{"dtype", t->dtype},
+                       {"shape", t->shape},
+                       {"data_offsets", {offset, offset + t->data.size()}}};
+    offset += t->data.size();
   }
   std::string text = header.dump();
   // The data starts 8-aligned: pad the header with spaces (allowed by the format).
@@ -51,8 +62,8 @@ Status WriteSafetensors(const std::string& path, const std::vector<SafeTensor>& 
   if (fd < 0) return Internal("cannot create " + tmp + ": " + std::strerror(errno));
   Status s = WriteAll(fd, len, 8, tmp);
   if (s.ok()) s = WriteAll(fd, text.data(), text.size(), tmp);
-  for (const SafeTensor& t : tensors) {
-    if (s.ok()) s = WriteAll(fd, t.data.data(), t.data.size(), tmp);
+  for (const SafeTensor* t : order) {
+    if (s.ok()) s = WriteAll(fd, t->data.data(), t->data.size(), tmp);
   }
   if (s.ok() && ::fsync(fd) != 0) s = Internal("fsync " + tmp + ": " + std::strerror(errno));
   ::close(fd);
