@@ -389,7 +389,7 @@ uint64_t RssBytes(const char* field) {
 // readers, request frames, allocator slack).
 TEST(SpillServerTest, PeakRssStaysWithinBudgetPlusOverhead) {
   const uint64_t kBudget = 12ull << 20;
-  const uint64_t kOverhead = 16ull << 20;
+  [[maybe_unused]] const uint64_t kOverhead = 16ull << 20;
   const uint32_t width = 16;
   const size_t stride = width + 2 * width + 1;  // adam
   JobConfig config = SparseJob("adam", width);
