@@ -160,6 +160,8 @@ class JobTest : public ::testing::Test {
         "--progress_every_seconds=0",         "--register_timeout_ms=30000"};
     for (std::string& f : SecurityFlags()) argv.push_back(std::move(f));
     argv.insert(argv.end(), job_flags.begin(), job_flags.end());
+    // A second job in one test must not find the first coordinator's endpoint.
+    std::filesystem::remove(dir_.Join("ep"));
     PS_ASSIGN_OR_RETURN(ChildProcess c, ChildProcess::Spawn(argv, dir_.Join("coordinator.log")));
     PS_RETURN_IF_ERROR(WaitForFile(dir_.Join("ep"), deadline, &c));
     PS_ASSIGN_OR_RETURN(std::string text, ReadFile(dir_.Join("ep")));

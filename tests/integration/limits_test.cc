@@ -136,7 +136,9 @@ TEST_F(LimitsTest, OversizedAndFloodingRequestsGetErrorsOrBackpressure) {
   std::printf("ps_server peak RSS after the oversized requests and %d pulls: %.1f MB\n", kFlood,
               peak_mb);
   EXPECT_GT(peak_mb, 0);
+#ifndef PS_SANITIZED  // ASan keeps freed memory in quarantine (256 MB by default)
   EXPECT_LT(peak_mb, 256) << "the server's memory grew with the bad requests";
+#endif
 
   ASSERT_TRUE(itest::SendDone(*reg->coordinator, reg->id, Status::Ok(), deadline).ok());
   ASSERT_TRUE(
