@@ -1167,20 +1167,20 @@ class CoordinatorJob {
     summary["examples_per_epoch"] = leases_.examples_per_epoch();
     summary["batch_size"] = config_.auto_batch ? json("auto") : json(config_.batch_size);
     summary["examples_per_sec"] = train_seconds > 0 ? examples / train_seconds : 0.0;
-    uint64_t applied = 0, rejected = 0, dropped = 0, pushed = 0, pulled = 0, held = 0;
-    uint64_t staleness_sum = 0, staleness_max = 0;
-    int64_t max_lag = 0;
+    // A counter summed over the servers (or workers), and a maximum over the servers.
+    auto sum = [](const json& entries, const char* key) {
+      uint64_t total = 0;
+      for (const json& e : entries) total += e.value(key, uint64_t{0});
+      return total;
+    };
+    auto max_of = [&servers]<typename T>(const char* key, T zero) {
+      T m = zero;
+      for (const json& s : servers) m = std::max(m, s.value(key, zero));
+      return m;
+    };
+    const uint64_t applied = sum(servers, "pushes_applied");
     std::vector<uint64_t> histogram;
     for (const json& s : servers) {
-      applied += s.value("pushes_applied", uint64_t{0});
-      rejected += s.value("pushes_rejected", uint64_t{0});
-      dropped += s.value("pushes_dropped", uint64_t{0});
-      pushed += s.value("bytes_pushed", uint64_t{0});
-      pulled += s.value("bytes_pulled", uint64_t{0});
-      held += s.value("pulls_held", uint64_t{0});
-      staleness_sum += s.value("staleness_sum", uint64_t{0});
-      staleness_max = std::max(staleness_max, s.value("staleness_max", uint64_t{0}));
-      max_lag = std::max(max_lag, s.value("max_clock_lag", int64_t{0}));
       if (s.contains("staleness_histogram")) {
         const json& h = s["staleness_histogram"];
         if (histogram.size() < h.size()) histogram.resize(h.size(), 0);
@@ -1188,13 +1188,14 @@ class CoordinatorJob {
       }
     }
     summary["pushes_applied"] = applied;
-    summary["pushes_rejected"] = rejected;
-    summary["pushes_dropped"] = dropped;
-    summary["pulls_held"] = held;
+    summary["pushes_rejected"] = sum(servers, "pushes_rejected");
+    summary["pushes_dropped"] = sum(servers, "pushes_dropped");
+    summary["pulls_held"] = sum(servers, "pulls_held");
     summary["staleness"] = config_.staleness;
-    summary["max_clock_lag_seen"] = max_lag;
-    summary["max_staleness_seen"] = staleness_max;
-    summary["mean_staleness"] = applied > 0 ? static_cast<double>(staleness_sum) / applied : 0.0;
+    summary["max_clock_lag_seen"] = max_of("max_clock_lag", int64_t{0});
+    summary["max_staleness_seen"] = max_of("staleness_max", uint64_t{0});
+    summary["mean_staleness"] =
+        applied > 0 ? static_cast<double>(sum(servers, "staleness_sum")) / applied : 0.0;
     {
       // p99 of the gradients' staleness, from the servers' merged histograms.
       uint64_t total = 0, seen = 0;
@@ -1212,28 +1213,17 @@ class CoordinatorJob {
     double wait_total = 0;
     for (const json& w : workers) wait_total += w.value("wait_seconds", 0.0);
     summary["wait_seconds"] = wait_total;
-    summary["bytes_pushed"] = pushed;
-    summary["bytes_pulled"] = pulled;
-    {
-      // The spill tier (server/row_store.h), over all servers.
-      uint64_t in_memory = 0, spilled = 0, hits = 0, misses = 0, read = 0, written = 0, rss = 0;
-      for (const json& s : servers) {
-        in_memory += s.value("rows_in_memory", uint64_t{0});
-        spilled += s.value("rows_spilled", uint64_t{0});
-        hits += s.value("cache_hits", uint64_t{0});
-        misses += s.value("cache_misses", uint64_t{0});
-        read += s.value("spill_bytes_read", uint64_t{0});
-        written += s.value("spill_bytes_written", uint64_t{0});
-        rss = std::max(rss, s.value("peak_rss_bytes", uint64_t{0}));
-      }
-      summary["rows_in_memory"] = in_memory;
-      summary["rows_spilled"] = spilled;
-      summary["cache_hit_rate"] =
-          hits + misses > 0 ? static_cast<double>(hits) / (hits + misses) : 1.0;
-      summary["spill_bytes_read"] = read;
-      summary["spill_bytes_written"] = written;
-      summary["max_server_peak_rss_bytes"] = rss;
-    }
+    summary["bytes_pushed"] = sum(servers, "bytes_pushed");
+    summary["bytes_pulled"] = sum(servers, "bytes_pulled");
+    // The spill tier (server/row_store.h), over all servers.
+    const uint64_t hits = sum(servers, "cache_hits"), misses = sum(servers, "cache_misses");
+    summary["rows_in_memory"] = sum(servers, "rows_in_memory");
+    summary["rows_spilled"] = sum(servers, "rows_spilled");
+    summary["cache_hit_rate"] =
+        hits + misses > 0 ? static_cast<double>(hits) / (hits + misses) : 1.0;
+    summary["spill_bytes_read"] = sum(servers, "spill_bytes_read");
+    summary["spill_bytes_written"] = sum(servers, "spill_bytes_written");
+    summary["max_server_peak_rss_bytes"] = max_of("peak_rss_bytes", uint64_t{0});
     summary["workers"] = workers;
     // Failures survived: workers lost (silent past --heartbeat_timeout) or gone on SIGTERM,
     // what was recovered; workers that joined. pushes_lost: pushes a worker gave up on
@@ -1241,11 +1231,8 @@ class CoordinatorJob {
     summary["failures"] = failures_;
     summary["joins"] = joins_;
     summary["heartbeat_timeout"] = config_.heartbeat_timeout;
-    uint64_t lost = 0, duplicate = 0;
-    for (const json& w : workers) lost += w.value("pushes_lost", uint64_t{0});
-    for (const json& s : servers) duplicate += s.value("pushes_duplicate", uint64_t{0});
-    summary["pushes_lost"] = lost;
-    summary["pushes_duplicate"] = duplicate;
+    summary["pushes_lost"] = sum(workers, "pushes_lost");
+    summary["pushes_duplicate"] = sum(servers, "pushes_duplicate");
     summary["servers"] = servers;
     summary["config"] = config_.ToFlagMap();
     std::string path = options_.run_dir + "/summary.json";
