@@ -14,9 +14,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <sstream>
 #include <vector>
 
+#include "common/job_config.h"
 #include "kernels/nccl_comm.h"
 #include "worker/group_comm.h"
 
@@ -27,13 +27,6 @@ DEFINE_int32(iters, 10, "timed all-reduces per point (after one warm-up)");
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::vector<int> ParseList(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream in(s);
-  for (std::string item; std::getline(in, item, ',');) out.push_back(std::stoi(item));
-  return out;
-}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -94,12 +87,21 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   std::printf("%-8s %-6s %-10s %14s %14s %8s\n", "backend", "group", "size_MB", "allreduce_GB/s",
               "memcpy_GB/s", "ratio");
+  // Bad lists are the user's input: a message, not an exception.
+  ps::Result<std::vector<int>> sizes_mb = ps::ParseIntList("sizes_mb", FLAGS_sizes_mb);
+  ps::Result<std::vector<int>> group_sizes = ps::ParseIntList("group_sizes", FLAGS_group_sizes);
+  for (const ps::Status& s : {sizes_mb.status(), group_sizes.status()}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "ps_group_bench: %s\n", s.ToString().c_str());
+      return 2;
+    }
+  }
   int run = 0;
-  for (int mb : ParseList(FLAGS_sizes_mb)) {
+  for (int mb : *sizes_mb) {
     const size_t bytes = static_cast<size_t>(mb) << 20;
     const size_t floats = bytes / sizeof(float);
     const double memcpy_gbs = MemcpyGBs(bytes, FLAGS_iters);
-    for (int size : ParseList(FLAGS_group_sizes)) {
+    for (int size : *group_sizes) {
       const std::string endpoint =
           "ipc:///tmp/ps-group-bench-" + std::to_string(getpid()) + "-" + std::to_string(run++);
       std::vector<pid_t> kids;
@@ -130,7 +132,7 @@ int main(int argc, char** argv) {
       auto comm = id.ok() ? ps::NcclComm::Create(*id, 0, 1, 0, std::chrono::seconds(30))
                           : ps::Result<std::unique_ptr<ps::NcclComm>>(id.status());
       if (!comm.ok()) {
-        if (mb == ParseList(FLAGS_sizes_mb)[0]) {
+        if (mb == sizes_mb->front()) {
           std::printf("nccl: skipped (%s)\n", comm.status().ToString().c_str());
         }
         continue;

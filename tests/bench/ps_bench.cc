@@ -216,13 +216,12 @@ std::pair<double, double> DenseGbps(Transport& t, size_t bytes) {
   return {push, pull};
 }
 
-void CompareCurve() {
+void CompareCurve(const std::vector<int>& sizes) {
   TransportOptions plain_opt;
   plain_opt.io_threads = FLAGS_io_threads;
   TransportOptions curve_opt = plain_opt;
   curve_opt.security = BenchCurve();
   Transport plain(plain_opt), curve(curve_opt);
-  std::vector<int> sizes = ParseIntList("sizes_mb", FLAGS_sizes_mb).value();
   std::printf("ps_bench: CURVE vs plain over %s, 1 server, %d I/O thread(s), %.1f s each\n",
               FLAGS_transport.c_str(), FLAGS_io_threads, FLAGS_seconds);
   std::printf("%-6s %8s %12s %12s %8s\n", "mode", "size_MB", "plain_GB/s", "curve_GB/s", "ratio");
@@ -250,13 +249,12 @@ void CompareCurve() {
   }
 }
 
-void Run() {
-  if (FLAGS_curve == "compare") return CompareCurve();
+void Run(const std::vector<int>& sizes) {
+  if (FLAGS_curve == "compare") return CompareCurve(sizes);
   TransportOptions topt;
   topt.io_threads = FLAGS_io_threads;
   if (FLAGS_curve == "on") topt.security = BenchCurve();
   Transport t(topt);
-  std::vector<int> sizes = ParseIntList("sizes_mb", FLAGS_sizes_mb).value();
   std::vector<nlohmann::json> rows;
   std::printf("ps_bench over %s (each figure: %.1f s of back-to-back requests)\n",
               FLAGS_transport.c_str(), FLAGS_seconds);
@@ -327,6 +325,12 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
-  ps::Run();
+  // A bad list is the user's input: say so instead of aborting.
+  ps::Result<std::vector<int>> sizes = ps::ParseIntList("sizes_mb", FLAGS_sizes_mb);
+  if (!sizes.ok()) {
+    std::fprintf(stderr, "ps_bench: %s\n", sizes.status().ToString().c_str());
+    return 2;
+  }
+  ps::Run(*sizes);
   return 0;
 }
