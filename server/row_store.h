@@ -16,7 +16,9 @@
 // sync; bloom filters (10 bits/key) because most misses of a growing sparse table are rows
 // never seen; no compression (float rows barely compress); index and filter blocks outside
 // the block cache (a small cache thrashed on them), and reads that do not fill the block
-// cache (a row read back moves into a slot; the OS page cache keeps the files warm).
+// cache (a row read back moves into a slot; the OS page cache keeps the files warm);
+// universal compaction, because write-backs are spread over the whole key space and leveled
+// compaction rewrote most of L1 for every few flushed memtables.
 //
 // Budget split (RowStoreOptions::memory_budget = B): 3/4 B for resident rows at
 // stride * 4 + kRowOverheadBytes each, B/16 for RocksDB's block cache, B/16 for each of its
