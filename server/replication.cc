@@ -92,6 +92,12 @@ Frames BackupStore::Handle(Frames& message) {
   return reply;
 }
 
+std::vector<int> BackupStore::primaries() const {
+  std::vector<int> out;
+  for (const auto& [primary, core] : shadows_) out.push_back(primary);
+  return out;
+}
+
 ServerCore* BackupStore::shadow(int primary) {
   auto it = shadows_.find(primary);
   return it == shadows_.end() ? nullptr : it->second.get();

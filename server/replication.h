@@ -14,6 +14,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "common/job_config.h"
 #include "common/status.h"
@@ -48,6 +49,8 @@ class BackupStore {
   // shadow would send to workers are dropped: the primary answers them.
   Frames Handle(Frames& message);
 
+  // The primaries whose shards this server holds a copy of.
+  std::vector<int> primaries() const;
   // The shadow of `primary`'s shards, nullptr when none was created.
   ServerCore* shadow(int primary);
   // Promotion: hands the shadow over to be served as the primary's shards.

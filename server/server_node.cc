@@ -120,10 +120,14 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
       const RequestKind kind = (backups != nullptr || backup_link != nullptr) ? Classify(in->frames)
                                                                               : RequestKind::kOther;
       if (kind == RequestKind::kReplicate) {
-        out.push_back(Outgoing{
+        // Acknowledged at once, never held behind this server's own forwards: with two
+        // servers backing up each other, holding would make each wait on the other.
+        std::vector<Outgoing> ack;
+        ack.push_back(Outgoing{
             in->peer, backups != nullptr
                           ? backups->Handle(in->frames)
                           : ErrorReply(0, core.server_id(), FailedPrecondition("not a backup"))});
+        send(ack);
       } else if (kind == RequestKind::kChangesState && backup_link != nullptr &&
                  !backup_link->down()) {
         // Chain replication: apply here, then have the backup apply the same request; the
@@ -228,6 +232,14 @@ Status RunServer(const ServerOptions& options, Transport* transport,
     } else {
       LOG(ERROR) << "server " << reg.id << ": export failed: " << e.ToString();
       s = e;
+    }
+    // The copies this server holds as a backup, so that they can be checked against their
+    // primaries' exports (equal bit for bit: they applied the same requests in order).
+    for (int p : backups ? backups->primaries() : std::vector<int>{}) {
+      std::string copy =
+          options.export_dir + "/server-" + std::to_string(p) + ".backup.safetensors";
+      Status b = backups->shadow(p)->ExportSafetensors(copy);
+      if (!b.ok()) LOG(ERROR) << "server " << reg.id << ": backup export failed: " << b.ToString();
     }
   }
   ServerStats st = core->stats();

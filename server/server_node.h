@@ -32,7 +32,8 @@ struct ServerOptions {
   // Where the rows live: memory budget and spill directory (server_core.h).
   StoreOptions store;
   // When set, the server writes its rows to <export_dir>/server-<id>.safetensors once the
-  // coordinator shuts it down (server/export.h).
+  // coordinator shuts it down (server/export.h); with --replicas=2 also the copy it holds
+  // of its predecessor's rows, as server-<p>.backup.safetensors.
   std::string export_dir;
   // How often the loop looks at `stop` while idle.
   std::chrono::milliseconds poll_interval{200};

@@ -221,6 +221,37 @@ TEST_F(ReplicatedPairTest, PushesReachTheBackupBeforeTheyAreAcknowledged) {
   EXPECT_FALSE(link_[0]->down());
 }
 
+TEST_F(ReplicatedPairTest, TwoServersThatBackUpEachOtherBothForward) {
+  Start(30.0);  // a deadlock would show as a 30 s wait, far past the calls' bound
+  std::unique_ptr<ClientSocket> to1 = transport_.Connect(listen_[1]->BoundEndpoint()).value();
+  ClientSocket* to[2] = {client_.get(), to1.get()};
+  uint64_t rid = 0;
+  for (int64_t clock = 0; clock < 3; ++clock) {
+    for (int s = 0; s < 2; ++s) {
+      const std::vector<uint64_t> dense = DenseKeys(config_, s);
+      std::vector<float> g(dense.size() * 3, 0.25f);
+      // Both pushes in flight at once, so each server forwards while it backs up the other.
+      ASSERT_TRUE(to[s]
+                      ->Send(VersionedPush(++rid, 0, dense.front(), dense.back() + 1, g, 0, clock,
+                                           static_cast<uint64_t>(clock)))
+                      .ok());
+    }
+    for (int s = 0; s < 2; ++s) {
+      Result<Frames> r = to[s]->Recv(std::chrono::seconds(5));
+      ASSERT_TRUE(r.ok()) << "server " << s << ": " << r.status().ToString();
+      EXPECT_TRUE(ReplyStatus(*r).ok());
+    }
+  }
+  for (int s = 0; s < 2; ++s) StopServer(s);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_FALSE(link_[s]->down());
+    ServerCore* shadow = backups_[1 - s]->shadow(s);
+    ASSERT_NE(shadow, nullptr);
+    const std::vector<uint64_t> dense = DenseKeys(config_, s);
+    EXPECT_EQ(Rows(*shadow, 0, dense), Rows(*core_[s], 0, dense));
+  }
+}
+
 TEST_F(ReplicatedPairTest, APrimaryWaitsForItsBackupThenGoesOnAlone) {
   const double timeout_s = 1.0;
   Start(timeout_s);
