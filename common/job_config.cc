@@ -374,7 +374,8 @@ Status JobConfig::Validate() const {
   }
   PS_RETURN_IF_ERROR(TableStalenessMap().status());
   if (replicas > num_servers) {
-    return BadValue("replicas", Str(replicas), "at most --num_servers (a backup is another server)");
+    return BadValue("replicas", Str(replicas),
+                    "at most --num_servers (a backup is another server)");
   }
   if (group_size > 1 && model != "mlp") {
     return BadValue("group_size", std::to_string(group_size),
