@@ -101,6 +101,7 @@ const std::vector<Field>& Fields() {
       StringField("tables", &JobConfig::tables),
       IntField("num_servers", &JobConfig::num_servers, 1, 1024),
       IntField("num_workers", &JobConfig::num_workers, 1, 100000),
+      IntField("replicas", &JobConfig::replicas, 1, 2),
       IntField("staleness", &JobConfig::staleness, -1, 1000000),
       StringField("table_staleness", &JobConfig::table_staleness),
       IntField("max_grad_staleness", &JobConfig::max_grad_staleness, -1, 1000000000),
@@ -372,6 +373,10 @@ Status JobConfig::Validate() const {
                     "--lr_policy=multistep");
   }
   PS_RETURN_IF_ERROR(TableStalenessMap().status());
+  if (replicas > num_servers) {
+    return BadValue("replicas", Str(replicas),
+                    "at most --num_servers (a backup is another server)");
+  }
   if (group_size > 1 && model != "mlp") {
     return BadValue("group_size", std::to_string(group_size),
                     "1 unless --model=mlp (groups all-reduce dense gradients; --model=" + model +

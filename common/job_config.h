@@ -47,6 +47,10 @@ struct JobConfig {
   // ---- processes ----
   int num_servers = 2;
   int num_workers = 2;
+  // Copies of each shard: 1, or 2 for a primary on server p and a backup on server
+  // (p + 1) % num_servers that has every acknowledged push (server/replication.h).
+  // REQUIRES: replicas <= num_servers.
+  int replicas = 1;
 
   // ---- consistency ----
   // How stale a worker's view may be, in clocks (Ho et al. 2013): a worker at clock c sees

@@ -90,6 +90,9 @@ struct Header {
     evictReply @27 :Void;
     evaluateFinal @28 :Void;    # answer to done: the barrier passed and this worker (not 0,
                                 # which died) evaluates the final model
+    replicate @29 :Replicate;   # primary -> its backup: frames: the request, as the primary
+                                # got it (server/replication.h)
+    replicateReply @30 :Void;   # the backup applied it
   }
 }
 
@@ -107,6 +110,12 @@ struct AliveReply {
 # on it) and refuse its requests from now on.
 struct Evict {
   worker @0 :Int32;
+}
+
+# A state-changing request (push, clock tick, evict) that primary server `primary` applied,
+# for its backup to apply to its copy of that primary's shards in the same order.
+struct Replicate {
+  primary @0 :Int32;
 }
 
 struct ClockReply {

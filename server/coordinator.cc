@@ -518,11 +518,16 @@ class CoordinatorJob {
       m.silent_reported = true;
       LOG(ERROR) << "server " << s << " is silent (no heartbeat for " << config_.heartbeat_timeout
                  << " s)";
-      failures_.push_back({{"kind", "server_silent"},
-                           {"process", "server-" + std::to_string(s)},
-                           {"pid", m.pid},
-                           {"time", Elapsed()},
-                           {"recovered", "nothing: server failover is not implemented"}});
+      failures_.push_back(
+          {{"kind", "server_silent"},
+           {"process", "server-" + std::to_string(s)},
+           {"pid", m.pid},
+           {"time", Elapsed()},
+           {"recovered", config_.replicas >= 2
+                             ? "nothing yet: server " + std::to_string((s + 1) % servers_.size()) +
+                                   " holds a copy with every acknowledged push "
+                                   "(--replicas=2), but promoting it is not implemented"
+                             : std::string("nothing: server failover is not implemented")}});
     }
     return Status::Ok();
   }

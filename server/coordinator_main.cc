@@ -26,6 +26,8 @@ DEFINE_string(tables, kDefaults.tables,
               "extra tables: NAME:ROWS:WIDTH[:INIT[:SCALE]],... (ROWS a count or 'sparse')");
 DEFINE_int32(num_servers, kDefaults.num_servers, "servers in the job");
 DEFINE_int32(num_workers, kDefaults.num_workers, "workers in the job");
+DEFINE_int32(replicas, kDefaults.replicas,
+             "copies of each shard: 1, or 2 (a backup on the next server; see README)");
 DEFINE_int32(staleness, kDefaults.staleness,
              "clocks a worker may run ahead of the slowest: 0 BSP, s>0 SSP, -1 ASP");
 DEFINE_string(table_staleness, kDefaults.table_staleness, "per-table bounds: NAME:S,...");

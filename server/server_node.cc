@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include <deque>
 #include <optional>
 
 #include "common/heartbeat.h"
@@ -57,8 +58,34 @@ void ReportToCoordinator(ClientSocket& coordinator, const ServerCore& core, uint
 
 Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::atomic<bool>& stop,
                           std::chrono::milliseconds poll_interval, ClientSocket* coordinator,
-                          std::chrono::milliseconds report_interval, ServerMetrics* metrics) {
+                          std::chrono::milliseconds report_interval, ServerMetrics* metrics,
+                          BackupStore* backups, BackupLink* backup_link) {
   std::vector<Outgoing> out;
+  auto send = [&](std::vector<Outgoing>& replies) {
+    for (Outgoing& o : replies) {
+      Status sent = socket.Send(o.peer, std::move(o.frames));
+      if (!sent.ok()) {
+        // The peer left before its reply; nothing to do for it, keep serving the others.
+        LOG(WARNING) << "server " << core.server_id() << ": " << sent.ToString();
+      }
+    }
+    replies.clear();
+  };
+  // Replies held until the backup acknowledged forward number `need` (0: none needed).
+  struct HeldReply {
+    uint64_t need;
+    Outgoing reply;
+  };
+  std::deque<HeldReply> held;
+  std::vector<Outgoing> ready;
+  auto release_acknowledged = [&] {
+    const uint64_t acked = backup_link->Poll(ServerCore::Clock::now());
+    while (!held.empty() && (backup_link->down() || held.front().need <= acked)) {
+      ready.push_back(std::move(held.front().reply));
+      held.pop_front();
+    }
+    send(ready);
+  };
   uint64_t report_id = 0;
   auto next_report = ServerCore::Clock::now();
   auto next_metrics = next_report;
@@ -72,7 +99,17 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
       ReportToCoordinator(*coordinator, core, &report_id);
       next_report = ServerCore::Clock::now() + report_interval;
     }
-    Result<Incoming> in = socket.Recv(poll_interval);
+    Result<Incoming> in = DeadlineExceeded("");
+    if (backup_link != nullptr && !backup_link->down()) {
+      // Wake for a request or for the backup's acknowledgements, whichever comes first.
+      zmq::pollitem_t items[] = {{socket.PollHandle().handle(), 0, ZMQ_POLLIN, 0},
+                                 {backup_link->PollHandle().handle(), 0, ZMQ_POLLIN, 0}};
+      const auto wait = held.empty() ? poll_interval : std::chrono::milliseconds(10);
+      zmq::poll(items, 2, wait);
+      if (items[0].revents & ZMQ_POLLIN) in = socket.Recv(std::chrono::milliseconds(0));
+    } else {
+      in = socket.Recv(poll_interval);
+    }
     ServerCore::After after = ServerCore::After::kContinue;
     out.clear();
     if (in.ok() && in->too_many_frames) {
@@ -80,18 +117,49 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
                                                   InvalidArgument("message has too many frames "
                                                                   "(see --max_frames)"))});
     } else if (in.ok()) {
-      core.Handle(in->peer, in->frames, &out, &after);
+      const RequestKind kind = (backups != nullptr || backup_link != nullptr) ? Classify(in->frames)
+                                                                              : RequestKind::kOther;
+      if (kind == RequestKind::kReplicate) {
+        // Acknowledged at once, never held behind this server's own forwards: with two
+        // servers backing up each other, holding would make each wait on the other.
+        std::vector<Outgoing> ack;
+        ack.push_back(Outgoing{
+            in->peer, backups != nullptr
+                          ? backups->Handle(in->frames)
+                          : ErrorReply(0, core.server_id(), FailedPrecondition("not a backup"))});
+        send(ack);
+      } else if (kind == RequestKind::kChangesState && backup_link != nullptr &&
+                 !backup_link->down()) {
+        // Chain replication: apply here, then have the backup apply the same request; the
+        // replies wait (below) until the backup acknowledged it.
+        Frames copy;
+        copy.reserve(in->frames.size());
+        for (const zmq::message_t& m : in->frames) copy.push_back(CopyFrame(m.data(), m.size()));
+        core.Handle(in->peer, in->frames, &out, &after);
+        (void)backup_link->Send(copy);  // a failure marks the link down and is logged
+      } else {
+        core.Handle(in->peer, in->frames, &out, &after);
+      }
     } else if (in.status().code() != StatusCode::kDeadlineExceeded) {
       return in.status();
     }
     core.ExpireHeldPulls(ServerCore::Clock::now(), &out);
-    for (Outgoing& o : out) {
-      Status sent = socket.Send(o.peer, std::move(o.frames));
-      if (!sent.ok()) {
-        // The peer left before its reply; nothing to do for it, keep serving the others.
-        LOG(WARNING) << "server " << core.server_id() << ": " << sent.ToString();
+    if (backup_link != nullptr) {
+      // Replies leave in order, each once the backup has everything applied before it.
+      const uint64_t need = backup_link->down() ? 0 : backup_link->sent();
+      for (Outgoing& o : out) held.push_back(HeldReply{need, std::move(o)});
+      out.clear();
+      release_acknowledged();
+      if (after == ServerCore::After::kShutdown) {
+        // Send the last replies once the backup has them, or it is gone.
+        while (!held.empty()) {
+          zmq::pollitem_t item = {backup_link->PollHandle().handle(), 0, ZMQ_POLLIN, 0};
+          if (!backup_link->down()) zmq::poll(&item, 1, std::chrono::milliseconds(10));
+          release_acknowledged();
+        }
       }
     }
+    send(out);
     if (after == ServerCore::After::kShutdown) {
       LOG(INFO) << "server " << core.server_id() << ": shutdown requested";
       return Status::Ok();
@@ -125,8 +193,28 @@ Status RunServer(const ServerOptions& options, Transport* transport,
                       HeartbeatSender::Start(transport, hopt));
   std::optional<ServerMetrics> metrics;
   if (options.metrics != nullptr) metrics.emplace(options.metrics);
+  // Replication (server/replication.h): this server backs up its predecessor's shards and
+  // forwards its own state changes to its successor.
+  std::optional<BackupStore> backups;
+  std::unique_ptr<BackupLink> backup_link;
+  const int backup = BackupOf(reg.config, reg.id);
+  if (backup >= 0) {
+    backups.emplace(reg.config, reg.id, options.store);
+    if (static_cast<size_t>(backup) >= reg.server_endpoints.size()) {
+      return Internal("no endpoint for backup server " + std::to_string(backup));
+    }
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> link,
+                        transport->Connect(reg.server_endpoints[static_cast<size_t>(backup)]));
+    // A backup that does not answer within the heartbeat timeout is dead to the
+    // coordinator too.
+    backup_link = std::make_unique<BackupLink>(
+        std::move(link), reg.id,
+        std::chrono::milliseconds(static_cast<int64_t>(reg.config.heartbeat_timeout * 1000)));
+    LOG(INFO) << "server " << reg.id << ": replicating to server " << backup;
+  }
   Status s = ServeUntilShutdown(*socket, *core, stop, options.poll_interval, reg.coordinator.get(),
-                                options.report_interval, metrics ? &*metrics : nullptr);
+                                options.report_interval, metrics ? &*metrics : nullptr,
+                                backups ? &*backups : nullptr, backup_link.get());
   if (s.code() == StatusCode::kAborted && !reg.config.checkpoint_dir.empty()) {
     // Stopped by a signal: keep what was trained since the last checkpoint, unless one at
     // this clock already stands (it is the consistent one).
@@ -144,6 +232,14 @@ Status RunServer(const ServerOptions& options, Transport* transport,
     } else {
       LOG(ERROR) << "server " << reg.id << ": export failed: " << e.ToString();
       s = e;
+    }
+    // The copies this server holds as a backup, so that they can be checked against their
+    // primaries' exports (equal bit for bit: they applied the same requests in order).
+    for (int p : backups ? backups->primaries() : std::vector<int>{}) {
+      std::string copy =
+          options.export_dir + "/server-" + std::to_string(p) + ".backup.safetensors";
+      Status b = backups->shadow(p)->ExportSafetensors(copy);
+      if (!b.ok()) LOG(ERROR) << "server " << reg.id << ": backup export failed: " << b.ToString();
     }
   }
   ServerStats st = core->stats();

@@ -14,6 +14,7 @@
 
 #include "common/status.h"
 #include "common/transport.h"
+#include "server/replication.h"
 #include "server/server_core.h"
 #include "server/server_metrics.h"
 
@@ -31,7 +32,8 @@ struct ServerOptions {
   // Where the rows live: memory budget and spill directory (server_core.h).
   StoreOptions store;
   // When set, the server writes its rows to <export_dir>/server-<id>.safetensors once the
-  // coordinator shuts it down (server/export.h).
+  // coordinator shuts it down (server/export.h); with --replicas=2 also the copy it holds
+  // of its predecessor's rows, as server-<p>.backup.safetensors.
   std::string export_dir;
   // How often the loop looks at `stop` while idle.
   std::chrono::milliseconds poll_interval{200};
@@ -49,12 +51,17 @@ struct ServerOptions {
 // status report (ServerStatusJson) goes to it every `report_interval`; its replies are
 // drained without waiting, and a failed report is only logged. With `metrics`, they are
 // brought up to date every quarter second.
+// Replication (server/replication.h): `replicate` messages go to `backups` (refused
+// without); with a `backup_link`, each push, clock tick and evict is forwarded to the
+// backup after `core` applied it and before its replies are sent. When the backup stops
+// answering, the server logs it and goes on without replication.
 Status ServeUntilShutdown(
     ServerSocket& socket, ServerCore& core, const std::atomic<bool>& stop,
     std::chrono::milliseconds poll_interval = std::chrono::milliseconds(200),
     ClientSocket* coordinator = nullptr,
     std::chrono::milliseconds report_interval = std::chrono::milliseconds(1000),
-    ServerMetrics* metrics = nullptr);
+    ServerMetrics* metrics = nullptr, BackupStore* backups = nullptr,
+    BackupLink* backup_link = nullptr);
 
 // A server's live status as it reports it to the coordinator: kind "server", server,
 // shards, rows, rows_spilled, pushes, pulls, bytes, held pulls (queue_depth) and who each

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -220,6 +221,42 @@ TEST_F(FailoverTest, AWorkerJoinsARunningJobThroughTheLauncher) {
   EXPECT_EQ(summary["joins"].size(), 1u);
   ExpectEveryEpochCoveredOnce(summary, 3);
   EXPECT_TRUE(summary["failures"].empty()) << summary.dump();
+}
+
+// --replicas=2 (server/replication.h): each server backs up the other's shards. At the end
+// of a BSP job the copy a backup holds equals its primary's rows bit for bit (each server
+// exports both), so that a promoted backup would lose no acknowledged push.
+TEST_F(FailoverTest, WithTwoReplicasEachBackupEndsEqualToItsPrimary) {
+  SKIP_WITHOUT_FASHION_MNIST();
+  deadline_ = itest::DeadlineIn(kJobTimeout);
+  Result<itest::ChildProcess> c = StartCoordinator(
+      {"--num_servers=2", "--num_workers=1", "--epochs=1", "--mlp_layers=784,32,10",
+       "--staleness=0", "--replicas=2", "--chunk_examples=4096", "--base_lr=0.1",
+       "--optimizer=adam", "--heartbeat_timeout=" + std::to_string(kHeartbeatTimeout)},
+      deadline_, &endpoint_);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  coordinator_.emplace(std::move(c).value());
+  const std::string export_dir = RunDir() + "/export";
+  std::filesystem::create_directories(export_dir);
+  for (int s = 0; s < 2; ++s) {
+    Result<itest::ChildProcess> p = StartServer(s, endpoint_, {"--export_dir=" + export_dir});
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    servers_.push_back(std::move(p).value());
+  }
+  StartWorker(0);
+  json summary = FinishJob();
+  ExpectEveryEpochCoveredOnce(summary, 1);
+  ExpectCleanExit(workers_[0], "worker", deadline_);
+  for (auto& s : servers_) ExpectCleanExit(s, "server", deadline_);
+  for (int s = 0; s < 2; ++s) {
+    const std::string base = export_dir + "/server-" + std::to_string(s);
+    Result<std::string> primary = itest::ReadFile(base + ".safetensors");
+    Result<std::string> backup = itest::ReadFile(base + ".backup.safetensors");
+    ASSERT_TRUE(primary.ok()) << primary.status().ToString();
+    ASSERT_TRUE(backup.ok()) << backup.status().ToString();
+    EXPECT_GT(primary->size(), 1000u);
+    EXPECT_TRUE(*primary == *backup) << "server " << s << "'s backup differs from it";
+  }
 }
 
 }  // namespace

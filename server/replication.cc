@@ -1,0 +1,172 @@
+#include "server/replication.h"
+
+#include <glog/logging.h>
+
+#include <optional>
+
+#include "common/wire.h"
+
+namespace ps {
+
+int BackupOf(const JobConfig& config, int primary) {
+  if (config.replicas < 2 || config.num_servers < 2) return -1;
+  return (primary + 1) % config.num_servers;
+}
+
+RequestKind Classify(const Frames& request) {
+  if (request.empty()) return RequestKind::kOther;
+  Result<DecodedHeader> h = DecodedHeader::Decode(request[0]);
+  if (!h.ok()) return RequestKind::kOther;
+  try {
+    switch (h->get().getBody().which()) {
+      case wire::Header::Body::PUSH:
+      case wire::Header::Body::CLOCK:
+      case wire::Header::Body::EVICT:
+        return RequestKind::kChangesState;
+      case wire::Header::Body::REPLICATE:
+        return RequestKind::kReplicate;
+      default:
+        return RequestKind::kOther;
+    }
+  } catch (const std::exception&) {
+    return RequestKind::kOther;
+  }
+}
+
+Frames WrapForBackup(int primary, uint64_t request_id, const Frames& request) {
+  capnp::MallocMessageBuilder b;
+  NewHeader(b, request_id, primary).getBody().initReplicate().setPrimary(primary);
+  Frames f;
+  f.reserve(request.size() + 1);
+  f.push_back(EncodeFrame(b));
+  for (const zmq::message_t& m : request) f.push_back(CopyFrame(m.data(), m.size()));
+  return f;
+}
+
+BackupStore::BackupStore(JobConfig config, int self, StoreOptions store)
+    : config_(std::move(config)), self_(self), store_(std::move(store)) {}
+
+Frames BackupStore::Handle(Frames& message) {
+  if (message.size() < 2) return ErrorReply(0, self_, InvalidArgument("empty replicate message"));
+  Result<DecodedHeader> decoded = DecodedHeader::Decode(message[0]);
+  if (!decoded.ok()) return ErrorReply(0, self_, decoded.status());
+  uint64_t request_id = 0;
+  int primary = -1;
+  try {
+    wire::Header::Reader h = decoded->get();
+    request_id = h.getRequestId();
+    if (h.getBody().which() != wire::Header::Body::REPLICATE) {
+      return ErrorReply(request_id, self_, InvalidArgument("not a replicate message"));
+    }
+    primary = h.getBody().getReplicate().getPrimary();
+  } catch (const std::exception& e) {
+    return ErrorReply(request_id, self_, InvalidArgument(e.what()));
+  }
+  if (primary < 0 || BackupOf(config_, primary) != self_) {
+    return ErrorReply(
+        request_id, self_,
+        FailedPrecondition("server " + std::to_string(self_) + " is not the backup of server " +
+                           std::to_string(primary)));
+  }
+  std::unique_ptr<ServerCore>& shadow = shadows_[primary];
+  if (shadow == nullptr) {
+    StoreOptions so = store_;
+    if (!so.spill_dir.empty()) so.spill_dir += "/backup-of-" + std::to_string(primary);
+    Result<std::unique_ptr<ServerCore>> core = ServerCore::Create(config_, primary, so);
+    if (!core.ok()) {
+      shadows_.erase(primary);
+      return ErrorReply(request_id, self_, core.status());
+    }
+    shadow = std::move(core).value();
+    LOG(INFO) << "server " << self_ << ": backing up the shards of server " << primary;
+  }
+  Frames request(std::make_move_iterator(message.begin() + 1),
+                 std::make_move_iterator(message.end()));
+  std::vector<Outgoing> dropped;
+  ServerCore::After after = ServerCore::After::kContinue;
+  shadow->Handle("primary", request, &dropped, &after);
+  capnp::MallocMessageBuilder b;
+  NewHeader(b, request_id, self_).getBody().setReplicateReply();
+  Frames reply;
+  reply.push_back(EncodeFrame(b));
+  return reply;
+}
+
+std::vector<int> BackupStore::primaries() const {
+  std::vector<int> out;
+  for (const auto& [primary, core] : shadows_) out.push_back(primary);
+  return out;
+}
+
+ServerCore* BackupStore::shadow(int primary) {
+  auto it = shadows_.find(primary);
+  return it == shadows_.end() ? nullptr : it->second.get();
+}
+
+std::unique_ptr<ServerCore> BackupStore::Release(int primary) {
+  auto it = shadows_.find(primary);
+  if (it == shadows_.end()) return nullptr;
+  std::unique_ptr<ServerCore> core = std::move(it->second);
+  shadows_.erase(it);
+  return core;
+}
+
+void BackupLink::MarkDown(const Status& why) {
+  if (down_) return;
+  down_ = true;
+  LOG(ERROR) << "server " << self_ << ": backup lost (" << why.ToString()
+             << "); its shards run without replication from now on";
+}
+
+Result<uint64_t> BackupLink::Send(const Frames& request) {
+  if (down_) return Unavailable("the backup of server " + std::to_string(self_) + " is down");
+  const uint64_t seq = sent_ + 1;
+  Status s = socket_->Send(WrapForBackup(self_, seq, request));
+  if (!s.ok()) {
+    MarkDown(s);
+    return s;
+  }
+  if (sent_ == acked_) oldest_unacked_ = std::chrono::steady_clock::now();
+  sent_ = seq;
+  return seq;
+}
+
+uint64_t BackupLink::Poll(std::chrono::steady_clock::time_point now) {
+  while (!down_) {
+    Result<std::optional<Frames>> in = socket_->TryRecv();
+    if (!in.ok()) {
+      MarkDown(in.status());
+      break;
+    }
+    if (!in->has_value()) break;
+    Frames& f = **in;
+    if (f.empty()) continue;
+    Result<DecodedHeader> h = DecodedHeader::Decode(f[0]);
+    if (!h.ok()) {
+      MarkDown(h.status());
+      break;
+    }
+    try {
+      wire::Header::Reader r = h->get();
+      if (r.getBody().which() == wire::Header::Body::ERROR) {
+        MarkDown(StatusFromError(r.getBody().getError()));
+        break;
+      }
+      const uint64_t seq = r.getRequestId();
+      if (seq > acked_ && seq <= sent_) {
+        acked_ = seq;
+        oldest_unacked_ = now;  // the next unacknowledged one was sent no earlier
+      }
+    } catch (const kj::Exception& e) {
+      MarkDown(InvalidArgument(e.getDescription().cStr()));
+      break;
+    }
+  }
+  if (!down_ && sent_ > acked_ && now - oldest_unacked_ > timeout_) {
+    MarkDown(
+        DeadlineExceeded("no acknowledgement within " + std::to_string(timeout_.count()) + " ms"));
+  }
+  return acked_;
+}
+
+}  // namespace ps

@@ -1,0 +1,103 @@
+// Chain replication of a server's shards (Li et al., OSDI 2014, with a chain of two): with
+// --replicas=2 the primary of shard p (server p) has a backup on server (p + 1) % S. The
+// primary applies each state-changing request (push, clock tick, evict), forwards the
+// request as it got it to the backup, and answers the worker only once the backup has
+// applied it. The backup keeps, per primary it backs up, a shadow ServerCore built with the
+// primary's id: the same rows, the same clock table (SSP) and the same recent-request table
+// (exactly-once), because a ServerCore is a deterministic function of the requests it has
+// applied, in order. Pulls are not forwarded (they change nothing).
+//
+// Thread model: BackupStore and BackupLink are not thread-safe; the server's request loop
+// owns both.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "common/job_config.h"
+#include "common/status.h"
+#include "common/transport.h"
+#include "server/server_core.h"
+
+namespace ps {
+
+// The server that backs up server `primary`'s shards; -1 without replication.
+int BackupOf(const JobConfig& config, int primary);
+
+// What a request to a server is, for replication: kChangesState for a push, a clock tick or
+// an evict (they go to the backup), kReplicate for a primary's forwarded request, kOther
+// for the rest. A request that does not decode is kOther (the primary refuses it and
+// changes nothing).
+enum class RequestKind { kOther, kChangesState, kReplicate };
+RequestKind Classify(const Frames& request);
+
+// The message a primary sends its backup: a `replicate` header naming the primary, then
+// copies of the request's frames.
+Frames WrapForBackup(int primary, uint64_t request_id, const Frames& request);
+
+// The backup side: shadow cores of the primaries this server backs up.
+class BackupStore {
+ public:
+  // `self` is this server's id; shadows are created on the first message from a primary
+  // that this server backs up (BackupOf(primary) == self).
+  BackupStore(JobConfig config, int self, StoreOptions store = {});
+
+  // Applies a `replicate` message to the shadow of its primary. The reply is
+  // replicateReply, or an error (not a backup of that primary, bad message). Replies the
+  // shadow would send to workers are dropped: the primary answers them.
+  Frames Handle(Frames& message);
+
+  // The primaries whose shards this server holds a copy of.
+  std::vector<int> primaries() const;
+  // The shadow of `primary`'s shards, nullptr when none was created.
+  ServerCore* shadow(int primary);
+  // Promotion: hands the shadow over to be served as the primary's shards.
+  std::unique_ptr<ServerCore> Release(int primary);
+
+ private:
+  JobConfig config_;
+  int self_;
+  StoreOptions store_;
+  std::map<int, std::unique_ptr<ServerCore>> shadows_;
+};
+
+// The primary side: one connection to the backup. Forwarding is asynchronous so that two
+// servers that back up each other (S = 2) never wait on each other: the request loop sends
+// the request, keeps serving, and holds back the replies of everything it handled since
+// until the backup acknowledged it (the backup applies in order, so an acknowledgement of
+// request n covers all before it). Acknowledged pushes are therefore always on the backup.
+class BackupLink {
+ public:
+  BackupLink(std::unique_ptr<ClientSocket> socket, int self, std::chrono::milliseconds timeout)
+      : socket_(std::move(socket)), self_(self), timeout_(timeout) {}
+
+  // Sends `request` to the backup; returns its sequence number (1, 2, ...). An error marks
+  // the link down.
+  Result<uint64_t> Send(const Frames& request);
+  // Reads the backup's acknowledgements that arrived, without waiting, and returns the
+  // highest sequence number acknowledged so far. Marks the link down when the backup
+  // refused a request, or left one unacknowledged for longer than the timeout; the
+  // coordinator will have declared such a backup dead, and the primary goes on alone.
+  uint64_t Poll(std::chrono::steady_clock::time_point now);
+  uint64_t sent() const { return sent_; }
+  uint64_t acked() const { return acked_; }
+  // After a failure: later requests are not forwarded, held replies may go.
+  bool down() const { return down_; }
+  zmq::socket_ref PollHandle() { return socket_->PollHandle(); }
+
+ private:
+  void MarkDown(const Status& why);
+
+  std::unique_ptr<ClientSocket> socket_;
+  int self_;
+  std::chrono::milliseconds timeout_;
+  uint64_t sent_ = 0;
+  uint64_t acked_ = 0;
+  // When the oldest unacknowledged request was sent (valid while sent_ > acked_).
+  std::chrono::steady_clock::time_point oldest_unacked_;
+  bool down_ = false;
+};
+
+}  // namespace ps
