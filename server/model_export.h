@@ -29,7 +29,7 @@ Result<SafetensorsFile> ReadSafetensors(const std::string& path);
 // Assembles the per-server export files (server-<id>.safetensors, every server's) into `out`.
 Status MergeServerExports(const std::vector<std::string>& files, const std::string& out);
 
-// Exports checkpoint set `set_dir` (DIR/clock-<C>) into `out`; `parts_dir` holds the
+// Exports checkpoint set `set_dir` (DIR/clock-<C>) into `out`; `out`.parts holds the
 // per-server files meanwhile (created, then removed).
 Status ExportCheckpointSet(const std::string& set_dir, const std::string& out);
 
