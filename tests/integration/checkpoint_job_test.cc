@@ -267,5 +267,91 @@ TEST_F(CheckpointJobTest, RestartedJobResumesAtTheRecordedEpochClockAndLearningR
   EXPECT_TRUE(bytes_a == bytes_b) << "the resumed run's model differs from the uninterrupted one";
 }
 
+// The same job killed for real: every process gets SIGKILL once a set past clock 40 is
+// recorded (the worker is slowed down so that the job is still running then); the job
+// started again with --restore=latest resumes at the latest recorded set's clock and epoch
+// and trains the remaining epochs only.
+TEST_F(CheckpointJobTest, KilledJobRestartsAtTheLatestRecordedSet) {
+  const Deadline deadline = DeadlineIn(std::chrono::seconds(100));
+  Result<ChildProcess> gen = ChildProcess::Spawn(
+      {itest::BinaryPath("ps_make_sparse_data"), "--features=1000", "--examples=2000", "--nnz=10",
+       "--seed=7", "--out=" + dir_.Join("train.svm"), "--test_out=" + dir_.Join("test.svm"),
+       "--test_examples=500"},
+      dir_.Join("gen.log"));
+  ASSERT_TRUE(gen.ok()) << gen.status().ToString();
+  Result<int> gen_rc = gen->WaitExit(deadline);
+  ASSERT_TRUE(gen_rc.ok() && *gen_rc == 0);
+  const std::string ckpt = dir_.Join("checkpoints");
+  std::vector<std::string> job = {"--model=sparse_lr",
+                                  "--train_data=" + dir_.Join("train.svm"),
+                                  "--test_data=" + dir_.Join("test.svm"),
+                                  "--hash_features=false",
+                                  "--num_servers=1",
+                                  "--num_workers=1",
+                                  "--staleness=0",
+                                  "--epochs=4",
+                                  "--batch_size=100",
+                                  "--chunk_examples=500",
+                                  "--optimizer=adagrad",
+                                  "--base_lr=0.2",
+                                  "--lr_policy=exp",
+                                  "--gamma=0.99",
+                                  "--epsilon=1e-6",
+                                  "--report_every_seconds=1e-6",
+                                  "--checkpoint_every=20",
+                                  "--checkpoint_dir=" + ckpt};
+  auto start = [&](const std::vector<std::string>& flags, const std::string& slowdown,
+                   std::vector<ChildProcess>* procs) {
+    std::string endpoint;
+    Result<ChildProcess> coordinator = StartCoordinator(flags, deadline, &endpoint);
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
+    procs->push_back(std::move(*coordinator));
+    Result<ChildProcess> server = StartServer(0, endpoint);
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    procs->push_back(std::move(*server));
+    std::vector<std::string> argv = {itest::BinaryPath("ps_worker"), "--coordinator=" + endpoint,
+                                     "--register_timeout_ms=30000", "--slowdown=" + slowdown};
+    for (std::string& f : SecurityFlags()) argv.push_back(std::move(f));
+    Result<ChildProcess> worker = ChildProcess::Spawn(argv, dir_.Join("worker-0.log"));
+    ASSERT_TRUE(worker.ok()) << worker.status().ToString();
+    procs->push_back(std::move(*worker));
+  };
+  {
+    std::vector<ChildProcess> procs;
+    start(job, "2000", &procs);
+    if (HasFatalFailure()) return;
+    ASSERT_TRUE(WaitForRecordedClock(ckpt, 40, deadline).ok());
+    for (ChildProcess& p : procs) p.Kill();
+  }
+  const int64_t recorded = RecordedClock(ckpt);
+  ASSERT_GE(recorded, 40);
+  ASSERT_LT(recorded, 80) << "the job ended before it was killed";
+  std::filesystem::rename(RunDir(), dir_.Join("run1"));
+  job.push_back("--restore=latest");
+  std::vector<ChildProcess> procs;
+  start(job, "1", &procs);
+  if (HasFatalFailure()) return;
+  ExpectCleanExit(procs[2], "worker", deadline);
+  ExpectCleanExit(procs[0], "coordinator", deadline);
+  ExpectCleanExit(procs[1], "server", deadline);
+  Result<itest::json> summary = ReadSummary();
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  const int epoch = static_cast<int>(recorded / 20) + 1;
+  EXPECT_EQ((*summary)["restored"]["clock"], recorded) << summary->dump();
+  EXPECT_EQ((*summary)["restored"]["epoch"], epoch) << summary->dump();
+  itest::json per_epoch = (*summary)["examples_per_epoch"];
+  ASSERT_EQ(per_epoch.size(), 4u);
+  for (int e = 1; e <= 4; ++e) EXPECT_EQ(per_epoch[e - 1], e < epoch ? 0 : 2000) << e;
+  std::ifstream metrics(RunDir() + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(metrics, line)) {
+    itest::json j = itest::json::parse(line, nullptr, false);
+    if (!j.is_object() || j.value("kind", "") != "train") continue;
+    EXPECT_EQ(j["epoch"], epoch) << line;  // the first line: where the job resumed
+    EXPECT_EQ(j["clock"], recorded + 1) << line;
+    break;
+  }
+}
+
 }  // namespace
 }  // namespace ps
