@@ -78,6 +78,11 @@ int LeaseTable::Release(int worker) {
   return static_cast<int>(back.size());
 }
 
+void LeaseTable::StartAtEpoch(int epoch) {
+  CHECK(pending_.empty() && outstanding_.empty()) << "StartAtEpoch after leases were handed out";
+  opened_epochs_ = std::clamp(epoch - 1, opened_epochs_, epochs_);
+}
+
 bool LeaseTable::AllDone() const {
   return examples_ > 0 && opened_epochs_ == epochs_ && pending_.empty() && outstanding_.empty();
 }

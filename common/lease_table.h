@@ -43,6 +43,10 @@ class LeaseTable {
   // Returns every chunk `worker` holds to the front of the queue; how many.
   int Release(int worker);
 
+  // A job restored from a checkpoint: epochs before `epoch` count as done and are never
+  // handed out (nor reported by TakeCompletedEpochs). Call before the first Acquire.
+  void StartAtEpoch(int epoch);
+
   // Every chunk of every epoch completed.
   bool AllDone() const;
   // Epochs whose every chunk completed since the last call, ascending.

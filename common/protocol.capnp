@@ -131,6 +131,8 @@ struct LeaseRequest {
   wait @4 :Bool;                # hold the answer until there is work or the job is over
   leave @5 :Bool;               # the worker leaves the job (SIGTERM): record the completed
                                 # chunk, return any other, answer `finished`
+  clock @6 :Int64;              # the worker's clock when it asks (maps epochs to clocks for
+                                # the checkpoint record, server/checkpoint.h)
 }
 
 struct LeaseReply {
@@ -171,6 +173,8 @@ struct RegisterReply {
   config @1 :List(KeyValue);      # the job config, flag name -> value
   shardMap @2 :ShardMap;
   group @3 :GroupAssignment;      # workers: the all-reduce group (size 0 or 1: none)
+  startClock @4 :Int64;           # a job restored from a checkpoint: the clock workers start at
+  startEpoch @5 :Int32;           # ... and the epoch training resumes at (0: none restored)
 }
 
 # A worker's place in an all-reduce group (worker/group_comm.h), formed by the coordinator.

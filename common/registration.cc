@@ -3,6 +3,7 @@
 #include <kj/exception.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 
 #include "common/wire.h"
@@ -52,6 +53,9 @@ Result<Registration> RegisterWithCoordinator(Transport* transport,
     }
     out.config = std::move(config).value();
     out.shard_map_version = r.getShardMap().getVersion();
+    out.start_clock = r.getStartClock();
+    out.start_epoch = std::max(1, static_cast<int>(r.getStartEpoch()));
+    if (out.start_clock < 0) return InvalidArgument("the coordinator sent a negative start clock");
     for (auto s : r.getShardMap().getServers())
       out.server_endpoints.push_back(s.getEndpoint().cStr());
     if (r.hasGroup()) {

@@ -41,6 +41,10 @@ struct Registration {
   std::vector<std::string> server_endpoints;  // by server id
   uint64_t shard_map_version = 0;
   GroupInfo group;  // workers
+  // A job restored from a checkpoint (--restore): the clock its workers start at and the
+  // epoch training resumes at; 0 and 1 for a fresh job.
+  int64_t start_clock = 0;
+  int start_epoch = 1;
   // Still connected to the coordinator, for reports and the end of the job.
   std::unique_ptr<ClientSocket> coordinator;
 };

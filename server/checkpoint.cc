@@ -46,6 +46,18 @@ std::string CheckpointFile(const std::string& dir, int64_t clock, int server_id)
   return ClockDir(dir, clock) + "/server-" + std::to_string(server_id) + ".ckpt";
 }
 
+std::string CheckpointSetDir(const std::string& dir, int64_t clock) { return ClockDir(dir, clock); }
+
+std::string CheckpointRecordFile(const std::string& dir) { return dir + "/checkpoints.json"; }
+
+Status ValidateCheckpointSet(const std::string& set_dir, int num_servers) {
+  for (int s = 0; s < num_servers; ++s) {
+    PS_RETURN_IF_ERROR(
+        CheckpointReader::Open(set_dir + "/server-" + std::to_string(s) + ".ckpt").status());
+  }
+  return Status::Ok();
+}
+
 Result<CheckpointWriter> CheckpointWriter::Start(const std::string& dir, int64_t clock,
                                                  int server_id) {
   std::error_code ec;
@@ -166,10 +178,7 @@ Result<std::string> LatestCompleteCheckpoint(const std::string& dir, int num_ser
   std::sort(sets.rbegin(), sets.rend());  // 12-digit clocks: the latest first
   std::string skipped;
   for (const std::string& set : sets) {
-    Status bad;
-    for (int s = 0; s < num_servers && bad.ok(); ++s) {
-      bad = CheckpointReader::Open(set + "/server-" + std::to_string(s) + ".ckpt").status();
-    }
+    Status bad = ValidateCheckpointSet(set, num_servers);
     if (bad.ok()) return set;
     LOG(WARNING) << "checkpoint " << set << " is incomplete, skipped: " << bad.message();
     skipped += " " + set + " (" + bad.message() + ")";

@@ -64,6 +64,17 @@ class CheckpointReader {
 };
 
 std::string CheckpointFile(const std::string& dir, int64_t clock, int server_id);
+// The directory of the set at `clock`: DIR/clock-<C, 12 digits>.
+std::string CheckpointSetDir(const std::string& dir, int64_t clock);
+// OK when every one of `num_servers` files of the set is there and valid.
+Status ValidateCheckpointSet(const std::string& set_dir, int num_servers);
+
+// The coordinator's record of complete sets, DIR/checkpoints.json (written atomically):
+//   {"sets": [{"clock": C, "set": "DIR/clock-<C>", "epoch": E, "epochs_completed": E - 1,
+//              "lr_iteration": C * num_workers, "learning_rate": ..., ...}, ...]}
+// oldest first. A set is recorded once every server said it committed its file, so a
+// recorded set is whole; "epoch" is where training resumes (see server/coordinator.h).
+std::string CheckpointRecordFile(const std::string& dir);
 
 // The directory of the latest complete checkpoint set under `dir` (every one of
 // `num_servers` files valid), or NotFound naming what was skipped and why.

@@ -8,15 +8,20 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "common/lease_table.h"
 #include "common/run_files.h"
 #include "common/wire.h"
+#include "server/checkpoint.h"
+#include "server/lr_policy.h"
 
 namespace ps {
 namespace {
@@ -94,6 +99,7 @@ class CoordinatorJob {
 
   Status Run(const std::atomic<bool>& stop) {
     PS_RETURN_IF_ERROR(MakeDirs(options_.run_dir));
+    PS_RETURN_IF_ERROR(ResolveRestore());
     PS_ASSIGN_OR_RETURN(metrics_, MetricsLog::Open(options_.run_dir + "/metrics.jsonl"));
     PS_ASSIGN_OR_RETURN(socket_, transport_->Listen(options_.listen));
     LOG(INFO) << "coordinator listening on " << socket_->BoundEndpoint();
@@ -111,6 +117,7 @@ class CoordinatorJob {
     } else {
       outcome = Train(stop);
     }
+    RecordWholeSet();  // the workers are done: a whole set waits on nobody
     json servers = json::array();
     // Servers are shut down whatever happened, so that no process outlives the job.
     Status shut = ShutdownServers(&servers);
@@ -347,6 +354,12 @@ class CoordinatorJob {
     capnp::MallocMessageBuilder b;
     auto r = NewHeader(b, m.register_request, -1).getBody().initRegisterReply();
     r.setId(id);
+    if (results_.empty()) {
+      // The job's own processes (not those that join later): a restored job starts at
+      // the checkpoint's clock and epoch.
+      r.setStartClock(start_clock_);
+      r.setStartEpoch(start_epoch_);
+    }
     auto cfg = r.initConfig(static_cast<unsigned>(flags.size()));
     unsigned i = 0;
     for (const auto& [k, v] : flags) {
@@ -596,6 +609,163 @@ class CoordinatorJob {
     return -1;
   }
 
+  // --restore: which set the servers load (config_.restore becomes its directory, so that
+  // every server loads the same one) and where the workers resume: the clock and epoch of
+  // the coordinator's record of that set; without a record, the set's clock and epoch 1.
+  Status ResolveRestore() {
+    if (config_.restore.empty()) return Status::Ok();
+    json record;
+    if (!config_.checkpoint_dir.empty()) {
+      PS_ASSIGN_OR_RETURN(record, ReadCheckpointRecord());
+    }
+    std::string set;
+    json entry;
+    if (config_.restore == "latest") {
+      if (config_.checkpoint_dir.empty()) {
+        return InvalidArgument("--restore=latest needs --checkpoint_dir");
+      }
+      // The latest recorded set whose files are still whole; an unrecorded set (being
+      // written, or written after the coordinator died) is never used while there is one.
+      for (auto it = record["sets"].rbegin(); it != record["sets"].rend(); ++it) {
+        Status whole = ValidateCheckpointSet((*it)["set"].get<std::string>(), config_.num_servers);
+        if (whole.ok()) {
+          entry = *it;
+          break;
+        }
+        LOG(WARNING) << "recorded checkpoint " << (*it)["set"]
+                     << " is damaged, skipped: " << whole.ToString();
+      }
+      if (entry.is_null()) {
+        PS_ASSIGN_OR_RETURN(set,
+                            LatestCompleteCheckpoint(config_.checkpoint_dir, config_.num_servers));
+      } else {
+        set = entry["set"].get<std::string>();
+      }
+    } else {
+      set = config_.restore;
+      const std::filesystem::path want = std::filesystem::weakly_canonical(set);
+      for (const json& e : record["sets"]) {
+        if (std::filesystem::weakly_canonical(e["set"].get<std::string>()) == want) entry = e;
+      }
+      PS_RETURN_IF_ERROR(ValidateCheckpointSet(set, config_.num_servers));
+    }
+    if (entry.is_object()) {
+      start_clock_ = entry["clock"].get<int64_t>();
+      start_epoch_ = entry["epoch"].get<int>();
+    } else {
+      // No record of the workers' position: the set's clock (from its name), epoch 1.
+      const std::string name = std::filesystem::path(set).filename().string();
+      if (name.rfind("clock-", 0) != 0) {
+        return InvalidArgument("--restore=" + set + " is not a clock-<C> checkpoint directory");
+      }
+      start_clock_ = std::strtoll(name.c_str() + 6, nullptr, 10);
+      start_epoch_ = 1;
+      LOG(WARNING) << "no record of checkpoint " << set
+                   << " in checkpoints.json: training restarts at epoch 1 from clock "
+                   << start_clock_;
+    }
+    config_.restore = set;
+    recorded_clock_ = start_clock_;
+    leases_.StartAtEpoch(start_epoch_);
+    epoch_ = std::min(start_epoch_, config_.epochs);
+    restored_ = {{"set", set},
+                 {"clock", start_clock_},
+                 {"epoch", start_epoch_},
+                 {"recorded", entry.is_object()}};
+    LOG(INFO) << "restoring " << set << ": workers resume at clock " << start_clock_ << ", epoch "
+              << start_epoch_;
+    std::printf("restoring %s: clock %lld, epoch %d of %d\n", set.c_str(),
+                static_cast<long long>(start_clock_), start_epoch_, config_.epochs);
+    return Status::Ok();
+  }
+
+  // checkpoints.json, or {"sets": []} when there is none yet.
+  Result<json> ReadCheckpointRecord() const {
+    const std::string path = CheckpointRecordFile(config_.checkpoint_dir);
+    json record = {{"sets", json::array()}};
+    std::ifstream in(path);
+    if (!in) return record;
+    json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("sets") || !j["sets"].is_array()) {
+      return InvalidArgument(path + " is not a checkpoint record");
+    }
+    for (const json& e : j["sets"]) {
+      if (!e.is_object() || !e.contains("set") || !e["set"].is_string() || !e.contains("clock") ||
+          !e["clock"].is_number_integer() || !e.contains("epoch") ||
+          !e["epoch"].is_number_integer()) {
+        return InvalidArgument(path + " has a malformed entry: " + e.dump());
+      }
+    }
+    return j;
+  }
+
+  // Server `s` committed its checkpoint file at `clock`. Once every server has, the set is
+  // whole: it goes into checkpoints.json with where the workers stand at that clock.
+  void OnServerCheckpoint(size_t s, int64_t clock) {
+    if (config_.checkpoint_dir.empty() || clock <= recorded_clock_) return;
+    committed_.resize(servers_.size());
+    if (s >= committed_.size()) return;
+    committed_[s].insert(clock);
+    while (committed_[s].size() > 64) committed_[s].erase(committed_[s].begin());
+    for (const std::set<int64_t>& c : committed_) {
+      if (c.count(clock) == 0) return;
+    }
+    for (std::set<int64_t>& c : committed_) c.erase(c.begin(), c.upper_bound(clock));
+    whole_clock_ = std::max(whole_clock_, clock);
+    RecordWholeSet();
+  }
+
+  // Records the latest whole set once every worker still training has asked for a lease at
+  // or past its clock: chunks end with a lease request, so by then the coordinator knows
+  // which epochs were wholly trained by that clock.
+  void RecordWholeSet() {
+    const int64_t clock = whole_clock_;
+    if (clock <= recorded_clock_) return;
+    for (size_t w = 0; w < lease_clock_.size() && w < results_.size(); ++w) {
+      if (!results_[w].done && !Gone(w) && lease_clock_[w] < clock) return;
+    }
+    // The epoch training resumes at: the first one not wholly trained by this clock. The
+    // part of it trained before the checkpoint is trained again after a restore (chunks
+    // are not tied to clocks); at an epoch boundary nothing is.
+    int epoch = start_epoch_;
+    while (epoch <= config_.epochs) {
+      auto it = epoch_done_clock_.find(epoch);
+      if (it == epoch_done_clock_.end() || it->second > clock) break;
+      ++epoch;
+    }
+    const int64_t iteration = clock * config_.num_workers;
+    json entry = {{"clock", clock},
+                  {"set", CheckpointSetDir(config_.checkpoint_dir, clock)},
+                  {"epoch", epoch},
+                  {"epochs_completed", epoch - 1},
+                  {"resume", "at the start of epoch " + std::to_string(epoch)},
+                  {"lr_iteration", iteration},
+                  {"num_servers", config_.num_servers},
+                  {"num_workers", config_.num_workers},
+                  {"time", UnixSeconds()}};
+    if (Result<LrPolicy> lr = LrPolicy::Create(config_); lr.ok()) {
+      entry["learning_rate"] = lr->ScheduleRate(iteration);
+    }
+    Result<json> record = ReadCheckpointRecord();
+    if (!record.ok()) {
+      LOG(ERROR) << "checkpoint at clock " << clock
+                 << " not recorded: " << record.status().ToString();
+      return;
+    }
+    (*record)["sets"].push_back(entry);
+    // The job's settings, for ps_export (server/model_export.h) to load the sets.
+    (*record)["config"] = config_.ToFlagMap();
+    Status w = WriteJsonFile(CheckpointRecordFile(config_.checkpoint_dir), *record);
+    if (!w.ok()) {
+      LOG(ERROR) << "checkpoint at clock " << clock << " not recorded: " << w.ToString();
+      return;
+    }
+    recorded_clock_ = clock;
+    ++checkpoints_recorded_;
+    LOG(INFO) << "checkpoint set at clock " << clock << " complete (resumes at epoch " << epoch
+              << ")";
+  }
+
   // A server's periodic status (server/server_node.h: ServerStatusJson). Kept for
   // ps_status only; a malformed one is ignored (it changes nothing but the view).
   void OnServerReport(int s, const char* text) {
@@ -612,6 +782,9 @@ class CoordinatorJob {
           if (h.contains(key) && !h[key].is_number()) return;
         }
       }
+    }
+    if (j.contains("checkpoint_clock") && j["checkpoint_clock"].is_number_integer()) {
+      OnServerCheckpoint(static_cast<size_t>(s), j["checkpoint_clock"].get<int64_t>());
     }
     ServerLive& live = server_live_[static_cast<size_t>(s)];
     const double now = Elapsed();
@@ -871,16 +1044,24 @@ class CoordinatorJob {
       ReplyError(peer, rid, size);
       return Status::Ok();
     }
+    if (static_cast<size_t>(w) >= lease_clock_.size()) lease_clock_.resize(w + 1, 0);
+    lease_clock_[static_cast<size_t>(w)] =
+        std::max(lease_clock_[static_cast<size_t>(w)], req.getClock());
     if (req.getCompletedEpoch() > 0) {
       Status done = leases_.Complete(w, req.getCompletedEpoch(), req.getCompletedChunk());
       if (!done.ok()) {
         ReplyError(peer, rid, done);
         return Status::Ok();
       }
+      int64_t& last = epoch_last_clock_[req.getCompletedEpoch()];
+      last = std::max(last, req.getClock());
       for (int e : leases_.TakeCompletedEpochs()) {
         if (e < config_.epochs) evaluations_.push_back(e);  // the last one is the final eval
+        // Every chunk of epoch e was trained by clock epoch_done_clock_[e] of its workers.
+        epoch_done_clock_[e] = epoch_last_clock_[e];
       }
     }
+    RecordWholeSet();
     if (req.getExamplesPerSec() > 0) rates_[static_cast<size_t>(w)] = req.getExamplesPerSec();
     if (req.getLeave()) {
       // The worker leaves (SIGTERM); it flushed its pushes and left the clock tables.
@@ -1117,6 +1298,11 @@ class CoordinatorJob {
     summary["test_loss"] = eval.is_object() ? eval.value("test_loss", 0.0) : 0.0;
     if (eval.is_object() && eval.contains("test_auc")) summary["test_auc"] = eval["test_auc"];
     summary["epochs"] = config_.epochs;
+    if (restored_.is_object()) summary["restored"] = restored_;
+    if (!config_.checkpoint_dir.empty()) {
+      summary["checkpoints_recorded"] = checkpoints_recorded_;
+      summary["last_recorded_checkpoint_clock"] = recorded_clock_;
+    }
     summary["wall_seconds"] = wall;
     summary["train_seconds"] = train_seconds;
     summary["train_start_time"] = train_start_unix_;
@@ -1308,6 +1494,17 @@ class CoordinatorJob {
   uint64_t loss_examples_since_print_ = 0;
   double last_print_time_ = 0;
   int epoch_ = 1;
+  // Checkpoints: where a restored job starts, and the record of complete sets.
+  int64_t start_clock_ = 0;
+  int start_epoch_ = 1;
+  json restored_;               // null unless --restore
+  int64_t recorded_clock_ = 0;  // no set is taken at clock 0
+  uint64_t checkpoints_recorded_ = 0;
+  int64_t whole_clock_ = 0;                   // the latest set every server committed
+  std::vector<int64_t> lease_clock_;          // per worker: its clock at its latest lease request
+  std::vector<std::set<int64_t>> committed_;  // per server: clocks of its committed files
+  std::map<int, int64_t> epoch_last_clock_;   // epoch -> largest clock a chunk of it ended at
+  std::map<int, int64_t> epoch_done_clock_;   // epoch -> that clock, once the epoch is done
   double epoch_fraction_ = 0;
   std::optional<json> final_eval_;
   json last_eval_;

@@ -15,6 +15,12 @@
 // job at any time: it gets the next id, the config and the shard map, and leases data.
 // The evaluator is worker 0, or the lowest live worker once 0 is gone.
 //
+// Checkpoints (server/checkpoint.h): servers report the clock of each checkpoint they
+// commit; once every server has one and every training worker's lease requests have passed
+// its clock, the coordinator records the set in --checkpoint_dir/checkpoints.json with the
+// epoch to resume at (the first one not wholly trained by that clock) and the LR iteration.
+// With --restore it hands the servers the set and the workers its clock and epoch.
+//
 // Thread model: one thread (the caller of Run) owns the socket and all state.
 #pragma once
 

@@ -70,12 +70,15 @@ DEFINE_string(memory_budget, std::to_string(kDefaults.memory_budget),
               "bytes each server's rows may take in memory (512MB, 4GB; 0: no limit); colder "
               "sparse rows spill to RocksDB");
 DEFINE_int64(checkpoint_every, kDefaults.checkpoint_every,
-             "servers checkpoint every N clocks of the slowest worker (0: never; also on SIGTERM)");
+             "servers checkpoint every N clocks (training steps) of the slowest worker; a count "
+             "of clocks, not seconds (0: never; also on SIGTERM)");
 DEFINE_string(checkpoint_dir, kDefaults.checkpoint_dir,
               "where servers write checkpoints (empty: none)");
 DEFINE_string(
     restore, kDefaults.restore,
-    "servers start from a checkpoint: latest (in --checkpoint_dir) or a clock-C directory");
+    "resume from a checkpoint: latest (the latest set recorded in "
+    "--checkpoint_dir/checkpoints.json) or a clock-C directory; weights, optimizer state, "
+    "clock, epoch and LR schedule continue from there");
 DEFINE_double(heartbeat_timeout, kDefaults.heartbeat_timeout,
               "seconds without a heartbeat after which a worker is declared dead");
 

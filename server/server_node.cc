@@ -7,6 +7,7 @@
 
 #include "common/heartbeat.h"
 #include "common/registration.h"
+#include "common/run_files.h"
 #include "common/wire.h"
 
 namespace ps {
@@ -31,6 +32,9 @@ nlohmann::json ServerStatusJson(const ServerCore& core, ServerCore::Clock::time_
           {"bytes_pushed", st.bytes_pushed},
           {"bytes_pulled", st.bytes_pulled},
           {"queue_depth", held.size()},
+          // The latest checkpoint this server committed (or restored): the coordinator
+          // records a set once every server has it (server/checkpoint.h).
+          {"checkpoint_clock", core.last_checkpoint_clock()},
           {"held", held}};
 }
 
@@ -89,7 +93,13 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
   uint64_t report_id = 0;
   auto next_report = ServerCore::Clock::now();
   auto next_metrics = next_report;
+  int64_t reported_checkpoint = core.last_checkpoint_clock();
   while (!stop.load(std::memory_order_relaxed)) {
+    if (core.last_checkpoint_clock() != reported_checkpoint) {
+      // A new checkpoint: report now, so that the coordinator records the set soon after.
+      reported_checkpoint = core.last_checkpoint_clock();
+      next_report = ServerCore::Clock::now();
+    }
     if (metrics != nullptr && ServerCore::Clock::now() >= next_metrics) {
       metrics->Update(core);
       next_metrics = ServerCore::Clock::now() + std::chrono::milliseconds(250);
@@ -226,7 +236,8 @@ Status RunServer(const ServerOptions& options, Transport* transport,
   }
   if (s.ok() && !options.export_dir.empty()) {
     std::string path = options.export_dir + "/server-" + std::to_string(reg.id) + ".safetensors";
-    Status e = core->ExportSafetensors(path);
+    Status e = MakeDirs(options.export_dir);
+    if (e.ok()) e = core->ExportSafetensors(path);
     if (e.ok()) {
       LOG(INFO) << "server " << reg.id << ": model written to " << path;
     } else {

@@ -164,6 +164,7 @@ class CoordinatorChunkSource final : public ChunkSource {
     lease.setExamplesPerSec(request.examples_per_sec);
     lease.setWait(request.wait);
     lease.setLeave(request.leave);
+    lease.setClock(request.clock);
     Frames f;
     f.push_back(EncodeFrame(b));
     // A waiting request is answered when another worker's chunk comes back or the job is
@@ -444,6 +445,7 @@ Status TrainingLoop::Run(const std::atomic<bool>& stop) {
     request.examples_per_sec = compute_seconds_ > 0 ? examples_ / compute_seconds_ : 0;
     if (stop.load()) return LeaveJob(request, epoch);
     request.wait = !in_clock_table_;
+    request.clock = client_->clock();
     PS_ASSIGN_OR_RETURN(ChunkSource::Next next, chunks_->Lease(worker_id_, request));
     request.completed_epoch = 0;
     if (fixed_batch_ == 0 && next.batch_size > 0) {
@@ -530,6 +532,19 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
   PS_ASSIGN_OR_RETURN(copt.wire_dtype, ParseWireDtype(options.wire_dtype));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<KVClient> client,
                       KVClient::Create(transport, config, reg.server_endpoints, copt));
+  if (reg.start_clock > 0) {
+    // A restored job: the servers' clock tables hold the checkpoint's clocks. A rejoin tick
+    // raises this worker's clock to their slowest one, which must be the clock the
+    // coordinator recorded, so that SSP bounds and the LR schedule continue from there.
+    PS_RETURN_IF_ERROR(client->Wait(client->Rejoin()));
+    if (client->clock() != reg.start_clock) {
+      return FailedPrecondition("restored job: the servers' clock is " +
+                                std::to_string(client->clock()) + ", the coordinator's " +
+                                std::to_string(reg.start_clock));
+    }
+    LOG(INFO) << "worker " << reg.id << ": resuming at clock " << reg.start_clock << ", epoch "
+              << reg.start_epoch;
+  }
   CoordinatorSink sink(reg.coordinator.get(), reg.id);
   if (metrics) sink.SetMetrics(&*metrics, client.get());
   CoordinatorChunkSource chunks(reg.coordinator.get());

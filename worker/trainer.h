@@ -118,6 +118,7 @@ class ChunkSource {
     double examples_per_sec = 0;  // compute throughput, for --batch_size=auto
     bool wait = false;            // block until there is work or every epoch is done
     bool leave = false;           // this worker leaves the job: return what it holds
+    int64_t clock = 0;            // the worker's clock (for the coordinator's checkpoint record)
   };
   struct Next {
     enum class Kind { kChunk, kWait, kFinished } kind = Kind::kFinished;

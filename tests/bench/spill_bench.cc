@@ -11,6 +11,7 @@
 // Hot keys are scattered over the id space (rank -> key by a multiplicative hash).
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -34,6 +35,10 @@ DEFINE_double(seconds, 3, "time per measurement");
 DEFINE_string(optimizer, "adagrad", "the table's optimizer (its state is part of each row)");
 DEFINE_string(checkpoint_dir, "",
               "when set: also time writing and restoring a checkpoint of each store here");
+DEFINE_double(checkpoint_gb, 0,
+              "when > 0: instead, time writing and restoring a checkpoint of a dense table "
+              "of about this many GiB (values and optimizer state) under --checkpoint_dir "
+              "(default /tmp), against a plain sequential write and read of as many bytes");
 DEFINE_string(json, "", "also write the results as one JSON object to this file");
 
 namespace ps {
@@ -137,7 +142,96 @@ Result_ Run(const JobConfig& config, int64_t budget, const std::vector<uint64_t>
   return r;
 }
 
+// Seconds to write `bytes` to `path` sequentially in 4 MiB blocks and fsync it, the floor a
+// checkpoint write is measured against; *read_s: to read it back (from the page cache
+// unless it was evicted).
+double PlainFileWrite(const std::string& path, uint64_t bytes, double* read_s) {
+  std::vector<char> block(4 << 20, 1);
+  auto t0 = SteadyClock::now();
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  CHECK(f != nullptr) << path;
+  for (uint64_t done = 0; done < bytes; done += block.size()) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(block.size(), bytes - done));
+    CHECK_EQ(std::fwrite(block.data(), 1, n, f), n);
+  }
+  CHECK_EQ(std::fflush(f), 0);
+  CHECK_EQ(::fsync(fileno(f)), 0);
+  std::fclose(f);
+  auto t1 = SteadyClock::now();
+  f = std::fopen(path.c_str(), "rb");
+  while (std::fread(block.data(), 1, block.size(), f) == block.size()) {
+  }
+  std::fclose(f);
+  *read_s = std::chrono::duration<double>(SteadyClock::now() - t1).count();
+  std::remove(path.c_str());
+  return std::chrono::duration<double>(t1 - t0).count();
+}
+
+// --checkpoint_gb: one server, one dense table of width 64 under Adagrad (128 floats a
+// row), sized to the requested bytes.
+int CheckpointGbMain() {
+  const std::string dir =
+      FLAGS_checkpoint_dir.empty() ? "/tmp/ps_ckpt_bench" : FLAGS_checkpoint_dir;
+  const uint64_t row_bytes = 128 * sizeof(float);
+  const uint64_t rows =
+      static_cast<uint64_t>(FLAGS_checkpoint_gb * (uint64_t{1} << 30)) / row_bytes;
+  auto config = JobConfig::FromFlagMap({{"model", "none"},
+                                        {"tables", "w:" + std::to_string(rows) + ":64:normal:0.01"},
+                                        {"num_servers", "1"},
+                                        {"num_workers", "1"},
+                                        {"optimizer", "adagrad"},
+                                        {"base_lr", "0.01"}});
+  if (!config.ok()) {
+    std::fprintf(stderr, "%s\n", config.status().ToString().c_str());
+    return 2;
+  }
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto t0 = SteadyClock::now();
+  auto core = ServerCore::Create(*config, 0);
+  CHECK(core.ok()) << core.status().ToString();
+  const double create_s = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  auto t1 = SteadyClock::now();
+  Status w = (*core)->WriteCheckpointTo(dir, 1);
+  CHECK(w.ok()) << w.ToString();
+  const double write_s = std::chrono::duration<double>(SteadyClock::now() - t1).count();
+  const uint64_t bytes = std::filesystem::file_size(CheckpointFile(dir, 1, 0));
+  core->reset();
+  JobConfig ck = *config;
+  ck.checkpoint_dir = dir;
+  ck.restore = "latest";
+  auto t2 = SteadyClock::now();
+  auto restored = ServerCore::Create(ck, 0);
+  CHECK(restored.ok()) << restored.status().ToString();
+  const double restore_s = std::chrono::duration<double>(SteadyClock::now() - t2).count();
+  restored->reset();
+  double read_s = 0;
+  const double plain_s = PlainFileWrite(dir + "/plain.bin", bytes, &read_s);
+  std::filesystem::remove_all(dir);
+  const double gb = bytes / double(uint64_t{1} << 30);
+  std::printf("checkpoint of %.2f GiB (%lu rows x 128 floats) in %s\n", gb,
+              static_cast<unsigned long>(rows), dir.c_str());
+  std::printf("  checkpoint write   %6.2f s  %5.2f GiB/s  (CRC, fsync, rename)\n", write_s,
+              gb / write_s);
+  std::printf("  plain file write   %6.2f s  %5.2f GiB/s  (4 MiB fwrite + fsync)\n", plain_s,
+              gb / plain_s);
+  std::printf(
+      "  restore            %6.2f s  %5.2f GiB/s  (includes creating the table: %.2f s "
+      "alone)\n",
+      restore_s, gb / restore_s, create_s);
+  std::printf("  plain file read    %6.2f s  %5.2f GiB/s  (page cache likely warm)\n", read_s,
+              gb / read_s);
+  if (!FLAGS_json.empty()) {
+    nlohmann::json j = {{"bytes", bytes},           {"write_s", write_s},
+                        {"plain_write_s", plain_s}, {"restore_s", restore_s},
+                        {"create_s", create_s},     {"plain_read_s", read_s}};
+    std::ofstream(FLAGS_json) << j.dump(2) << "\n";
+  }
+  return 0;
+}
+
 int Main() {
+  if (FLAGS_checkpoint_gb > 0) return CheckpointGbMain();
   auto config = JobConfig::FromFlagMap(
       {{"model", "none"},
        {"tables", "emb:sparse:" + std::to_string(FLAGS_width) + ":normal:0.01"},

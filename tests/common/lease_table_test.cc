@@ -71,5 +71,20 @@ TEST(LeaseTableTest, WorkersMustAgreeOnTheDataSetSize) {
   EXPECT_NE(s.message().find("31"), std::string::npos);
 }
 
+TEST(LeaseTableTest, ARestoredJobStartsAtItsEpochAndTrainsOnlyTheRemainingOnes) {
+  LeaseTable t(4, 10);
+  t.StartAtEpoch(3);
+  ASSERT_TRUE(t.SetDatasetSize(20).ok());
+  std::vector<int> epochs;
+  while (auto l = t.Acquire(0)) {
+    epochs.push_back(l->epoch);
+    ASSERT_TRUE(t.Complete(0, l->epoch, l->chunk).ok());
+  }
+  EXPECT_EQ(epochs, (std::vector<int>{3, 3, 4, 4}));
+  EXPECT_TRUE(t.AllDone());
+  EXPECT_EQ(t.TakeCompletedEpochs(), (std::vector<int>{3, 4}));
+  EXPECT_EQ(t.examples_per_epoch(), (std::vector<uint64_t>{0, 0, 20, 20}));
+}
+
 }  // namespace
 }  // namespace ps

@@ -4,9 +4,12 @@
 // (its spilled rows included).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/registration.h"
@@ -37,6 +40,22 @@ class CheckpointJobTest : public itest::JobTest {
 };
 
 constexpr uint32_t kWidth = 4;
+
+// The latest clock in checkpoints.json (0: none).
+int64_t RecordedClock(const std::string& ckpt) {
+  std::ifstream in(CheckpointRecordFile(ckpt));
+  itest::json j = itest::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("sets") || j["sets"].empty()) return 0;
+  return j["sets"].back().value("clock", int64_t{0});
+}
+
+Status WaitForRecordedClock(const std::string& ckpt, int64_t clock, Deadline deadline) {
+  while (RecordedClock(ckpt) < clock) {
+    if (itest::SteadyClock::now() > deadline) return DeadlineExceeded("checkpoint not recorded");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return Status::Ok();
+}
 
 std::vector<uint64_t> Keys() {
   std::vector<uint64_t> keys;
@@ -96,6 +115,9 @@ TEST_F(CheckpointJobTest, KilledServerRestartsFromTheLatestCheckpoint) {
       ASSERT_TRUE(c.Wait(c.Clock()).ok());
     }
     ASSERT_TRUE(std::filesystem::exists(CheckpointFile(ckpt, 3, 0)));
+    // The coordinator records the set once the server reported it (--restore=latest
+    // takes the latest recorded set).
+    ASSERT_TRUE(WaitForRecordedClock(ckpt, 3, deadline).ok());
     ASSERT_TRUE(c.Wait(c.Pull(0, keys, at_checkpoint)).ok());
     // A push after the checkpoint: lost with the server, as it should be.
     ASSERT_TRUE(c.Wait(c.Push(0, keys, grad)).ok());
@@ -121,6 +143,214 @@ TEST_F(CheckpointJobTest, KilledServerRestartsFromTheLatestCheckpoint) {
   EXPECT_EQ(std::memcmp(restored.data(), at_checkpoint.data(), restored.size() * sizeof(float)), 0);
   server->Kill();
   coordinator->Kill();
+}
+
+// A whole job (ps_worker training sparse LR, 1 worker, BSP) that checkpoints at every epoch
+// boundary; then the job is started again from the set at clock 40 as if it had been
+// killed there (the record cut back to it, a later set half-written, a newer one whole but
+// unrecorded): it must resume at epoch 3 and clock 40 with the schedule's LR there, train
+// the remaining epochs only, and end with the uninterrupted run's model.
+TEST_F(CheckpointJobTest, RestartedJobResumesAtTheRecordedEpochClockAndLearningRate) {
+  const Deadline deadline = DeadlineIn(std::chrono::seconds(80));
+  Result<ChildProcess> gen = ChildProcess::Spawn(
+      {itest::BinaryPath("ps_make_sparse_data"), "--features=1000", "--examples=2000", "--nnz=10",
+       "--seed=7", "--out=" + dir_.Join("train.svm"), "--test_out=" + dir_.Join("test.svm"),
+       "--test_examples=500"},
+      dir_.Join("gen.log"));
+  ASSERT_TRUE(gen.ok()) << gen.status().ToString();
+  Result<int> gen_rc = gen->WaitExit(deadline);
+  ASSERT_TRUE(gen_rc.ok() && *gen_rc == 0);
+  const std::string ckpt = dir_.Join("checkpoints");
+  // 2000 examples in batches of 100: 20 clocks an epoch, so clock 20k ends epoch k.
+  const std::vector<std::string> job = {"--model=sparse_lr",
+                                        "--train_data=" + dir_.Join("train.svm"),
+                                        "--test_data=" + dir_.Join("test.svm"),
+                                        "--hash_features=false",
+                                        "--num_servers=1",
+                                        "--num_workers=1",
+                                        "--staleness=0",
+                                        "--epochs=4",
+                                        "--batch_size=100",
+                                        "--chunk_examples=500",
+                                        "--optimizer=adagrad",
+                                        "--base_lr=0.2",
+                                        "--lr_policy=exp",
+                                        "--gamma=0.99",
+                                        "--epsilon=1e-6",
+                                        "--report_every_seconds=1e-6",
+                                        "--checkpoint_every=20",
+                                        "--checkpoint_dir=" + ckpt};
+  auto run_job = [&](const std::vector<std::string>& flags, const std::string& export_dir) {
+    std::string endpoint;
+    Result<ChildProcess> coordinator = StartCoordinator(flags, deadline, &endpoint);
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
+    Result<ChildProcess> server = StartServer(0, endpoint, {"--export_dir=" + export_dir});
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    std::vector<std::string> argv = {itest::BinaryPath("ps_worker"), "--coordinator=" + endpoint,
+                                     "--register_timeout_ms=30000"};
+    for (std::string& f : SecurityFlags()) argv.push_back(std::move(f));
+    Result<ChildProcess> worker = ChildProcess::Spawn(argv, dir_.Join("worker-0.log"));
+    ASSERT_TRUE(worker.ok()) << worker.status().ToString();
+    ExpectCleanExit(*worker, "worker", deadline);
+    ExpectCleanExit(*coordinator, "coordinator", deadline);
+    ExpectCleanExit(*server, "server", deadline);
+  };
+  auto rate = [](int64_t clock) { return 0.2 * std::pow(0.99, static_cast<double>(clock)); };
+  run_job(job, dir_.Join("export1"));
+  if (HasFatalFailure()) return;
+  std::filesystem::rename(RunDir(), dir_.Join("run1"));
+
+  std::ifstream record_in(CheckpointRecordFile(ckpt));
+  itest::json record = itest::json::parse(record_in, nullptr, false);
+  ASSERT_TRUE(record.is_object()) << "no checkpoints.json";
+  std::vector<int64_t> clocks;
+  for (const itest::json& e : record["sets"]) {
+    const int64_t c = e["clock"].get<int64_t>();
+    clocks.push_back(c);
+    EXPECT_EQ(e["epoch"].get<int>(), c / 20 + 1) << e.dump();
+    EXPECT_NEAR(e["learning_rate"].get<double>(), rate(c), 1e-12) << e.dump();
+  }
+  ASSERT_EQ(clocks, (std::vector<int64_t>{20, 40, 60, 80})) << record.dump();
+
+  // As if killed after clock 60's file was being written: the record ends at 40, the set
+  // at 60 lacks its file, the one at 80 is whole but was never recorded.
+  itest::json cut = {{"sets", itest::json::array({record["sets"][0], record["sets"][1]})}};
+  std::ofstream(CheckpointRecordFile(ckpt)) << cut.dump();
+  std::filesystem::remove(CheckpointFile(ckpt, 60, 0));
+
+  std::vector<std::string> again = job;
+  again.push_back("--restore=latest");
+  run_job(again, dir_.Join("export2"));
+  if (HasFatalFailure()) return;
+  Result<itest::json> summary = ReadSummary();
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  EXPECT_EQ((*summary)["restored"]["clock"], 40) << summary->dump();
+  EXPECT_EQ((*summary)["restored"]["epoch"], 3) << summary->dump();
+  EXPECT_EQ((*summary)["epochs"], 4);
+  EXPECT_EQ((*summary)["examples_per_epoch"], itest::json::array({0, 0, 2000, 2000}));
+  // metrics.jsonl: training resumed at epoch 3 from clock 40, on the schedule.
+  std::ifstream metrics(RunDir() + "/metrics.jsonl");
+  std::string line;
+  int train_lines = 0, lr_lines = 0;
+  int64_t last_clock = 0;
+  while (std::getline(metrics, line)) {
+    itest::json j = itest::json::parse(line, nullptr, false);
+    if (!j.is_object() || j.value("kind", "") != "train") continue;
+    const int64_t c = j["clock"].get<int64_t>();
+    if (train_lines++ == 0) {
+      EXPECT_EQ(j["epoch"], 3) << line;
+      EXPECT_EQ(c, 41) << line;
+    }
+    EXPECT_GE(j["epoch"].get<int>(), 3) << line;
+    EXPECT_GT(c, 40) << line;
+    // The LR of the latest acknowledged push (0: none yet), the schedule at a clock just
+    // before the report's (pushes are acknowledged asynchronously): never the schedule's
+    // start again.
+    const double lr = j["lr"].get<double>();
+    if (lr > 0) {
+      ++lr_lines;
+      bool on_schedule = false;
+      for (int64_t k = c - 3; k <= c; ++k) on_schedule |= std::abs(lr / rate(k) - 1) < 1e-6;
+      EXPECT_TRUE(on_schedule) << line << " vs " << rate(c - 2);
+    }
+    last_clock = std::max(last_clock, c);
+  }
+  EXPECT_GT(lr_lines, 30);
+  EXPECT_EQ(last_clock, 80);
+  // The checkpoint lies on an epoch boundary: nothing is replayed, so the model is the
+  // uninterrupted run's, bit for bit.
+  std::ifstream a(dir_.Join("export1/server-0.safetensors"), std::ios::binary);
+  std::ifstream b(dir_.Join("export2/server-0.safetensors"), std::ios::binary);
+  std::string bytes_a((std::istreambuf_iterator<char>(a)), std::istreambuf_iterator<char>());
+  std::string bytes_b((std::istreambuf_iterator<char>(b)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(bytes_a.empty());
+  EXPECT_TRUE(bytes_a == bytes_b) << "the resumed run's model differs from the uninterrupted one";
+}
+
+// The same job killed for real: every process gets SIGKILL once a set past clock 40 is
+// recorded (the worker is slowed down so that the job is still running then); the job
+// started again with --restore=latest resumes at the latest recorded set's clock and epoch
+// and trains the remaining epochs only.
+TEST_F(CheckpointJobTest, KilledJobRestartsAtTheLatestRecordedSet) {
+  const Deadline deadline = DeadlineIn(std::chrono::seconds(100));
+  Result<ChildProcess> gen = ChildProcess::Spawn(
+      {itest::BinaryPath("ps_make_sparse_data"), "--features=1000", "--examples=2000", "--nnz=10",
+       "--seed=7", "--out=" + dir_.Join("train.svm"), "--test_out=" + dir_.Join("test.svm"),
+       "--test_examples=500"},
+      dir_.Join("gen.log"));
+  ASSERT_TRUE(gen.ok()) << gen.status().ToString();
+  Result<int> gen_rc = gen->WaitExit(deadline);
+  ASSERT_TRUE(gen_rc.ok() && *gen_rc == 0);
+  const std::string ckpt = dir_.Join("checkpoints");
+  std::vector<std::string> job = {"--model=sparse_lr",
+                                  "--train_data=" + dir_.Join("train.svm"),
+                                  "--test_data=" + dir_.Join("test.svm"),
+                                  "--hash_features=false",
+                                  "--num_servers=1",
+                                  "--num_workers=1",
+                                  "--staleness=0",
+                                  "--epochs=4",
+                                  "--batch_size=100",
+                                  "--chunk_examples=500",
+                                  "--optimizer=adagrad",
+                                  "--base_lr=0.2",
+                                  "--lr_policy=exp",
+                                  "--gamma=0.99",
+                                  "--epsilon=1e-6",
+                                  "--report_every_seconds=1e-6",
+                                  "--checkpoint_every=20",
+                                  "--checkpoint_dir=" + ckpt};
+  auto start = [&](const std::vector<std::string>& flags, const std::string& slowdown,
+                   std::vector<ChildProcess>* procs) {
+    std::string endpoint;
+    Result<ChildProcess> coordinator = StartCoordinator(flags, deadline, &endpoint);
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
+    procs->push_back(std::move(*coordinator));
+    Result<ChildProcess> server = StartServer(0, endpoint);
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    procs->push_back(std::move(*server));
+    std::vector<std::string> argv = {itest::BinaryPath("ps_worker"), "--coordinator=" + endpoint,
+                                     "--register_timeout_ms=30000", "--slowdown=" + slowdown};
+    for (std::string& f : SecurityFlags()) argv.push_back(std::move(f));
+    Result<ChildProcess> worker = ChildProcess::Spawn(argv, dir_.Join("worker-0.log"));
+    ASSERT_TRUE(worker.ok()) << worker.status().ToString();
+    procs->push_back(std::move(*worker));
+  };
+  {
+    std::vector<ChildProcess> procs;
+    start(job, "2000", &procs);
+    if (HasFatalFailure()) return;
+    ASSERT_TRUE(WaitForRecordedClock(ckpt, 40, deadline).ok());
+    for (ChildProcess& p : procs) p.Kill();
+  }
+  const int64_t recorded = RecordedClock(ckpt);
+  ASSERT_GE(recorded, 40);
+  ASSERT_LT(recorded, 80) << "the job ended before it was killed";
+  std::filesystem::rename(RunDir(), dir_.Join("run1"));
+  job.push_back("--restore=latest");
+  std::vector<ChildProcess> procs;
+  start(job, "1", &procs);
+  if (HasFatalFailure()) return;
+  ExpectCleanExit(procs[2], "worker", deadline);
+  ExpectCleanExit(procs[0], "coordinator", deadline);
+  ExpectCleanExit(procs[1], "server", deadline);
+  Result<itest::json> summary = ReadSummary();
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  const int epoch = static_cast<int>(recorded / 20) + 1;
+  EXPECT_EQ((*summary)["restored"]["clock"], recorded) << summary->dump();
+  EXPECT_EQ((*summary)["restored"]["epoch"], epoch) << summary->dump();
+  itest::json per_epoch = (*summary)["examples_per_epoch"];
+  ASSERT_EQ(per_epoch.size(), 4u);
+  for (int e = 1; e <= 4; ++e) EXPECT_EQ(per_epoch[e - 1], e < epoch ? 0 : 2000) << e;
+  std::ifstream metrics(RunDir() + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(metrics, line)) {
+    itest::json j = itest::json::parse(line, nullptr, false);
+    if (!j.is_object() || j.value("kind", "") != "train") continue;
+    EXPECT_EQ(j["epoch"], epoch) << line;  // the first line: where the job resumed
+    EXPECT_EQ(j["clock"], recorded + 1) << line;
+    break;
+  }
 }
 
 }  // namespace
