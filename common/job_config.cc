@@ -157,7 +157,36 @@ const std::vector<Field>& Fields() {
               return Status::Ok();
             },
             [](const JobConfig& c) { return std::to_string(c.memory_budget); }},
-      IntField("checkpoint_every", &JobConfig::checkpoint_every, 0, int64_t{1} << 40),
+      // "500": clocks; "30s": seconds (the coordinator then picks the clocks).
+      Field{"checkpoint_every",
+            [](JobConfig& c, const std::string& v) -> Status {
+              if (!v.empty() && v.back() == 's') {
+                Result<double> seconds =
+                    ParseDouble("checkpoint_every", v.substr(0, v.size() - 1), 0, 1e7, false);
+                if (!seconds.ok()) {
+                  return InvalidArgument("--checkpoint_every=" + v +
+                                         ": expected a number of clocks (500) or of seconds "
+                                         "(30s) in [0, 1e7]");
+                }
+                c.checkpoint_every_seconds = *seconds;
+                c.checkpoint_every = 0;
+                return Status::Ok();
+              }
+              PS_ASSIGN_OR_RETURN(int64_t clocks,
+                                  ParseInt("checkpoint_every", v, 0, int64_t{1} << 40));
+              c.checkpoint_every = clocks;
+              c.checkpoint_every_seconds = 0;
+              return Status::Ok();
+            },
+            [](const JobConfig& c) {
+              if (c.checkpoint_every_seconds > 0) {
+                std::ostringstream os;
+                os.precision(17);
+                os << c.checkpoint_every_seconds << "s";
+                return os.str();
+              }
+              return std::to_string(c.checkpoint_every);
+            }},
       StringField("checkpoint_dir", &JobConfig::checkpoint_dir),
       StringField("restore", &JobConfig::restore),
       DoubleField("heartbeat_timeout", &JobConfig::heartbeat_timeout, 0.1, 3600, false),

@@ -115,10 +115,14 @@ struct JobConfig {
   // of 1024); 0: no limit. A server's own --memory_budget overrides it.
   uint64_t memory_budget = 0;
   // Checkpoints (server/checkpoint.h): every `checkpoint_every` clocks of the slowest live
-  // worker (0: never) and on SIGTERM, each server writes its shard (values, optimizer
-  // state, versions, clocks) under checkpoint_dir/clock-<C>/ (empty: no checkpoints).
-  // Consistent across servers under BSP (staleness 0).
+  // worker (0: never), or every `checkpoint_every_seconds`, and on SIGTERM, each server writes its
+  // shard (values, optimizer state, versions, clocks) under checkpoint_dir/clock-<C>/ (empty: no
+  // checkpoints). Consistent across servers under BSP (staleness 0).
   int64_t checkpoint_every = 0;
+  // Or every `checkpoint_every_seconds` (flag: --checkpoint_every=30s; 0: by clocks): the
+  // coordinator then names the clock of each set in its answer to the servers' reports, so
+  // that every server writes the same clock.
+  double checkpoint_every_seconds = 0;
   std::string checkpoint_dir;
   // Servers start from a checkpoint: "latest" (the latest complete set in checkpoint_dir)
   // or the path of one set's directory; empty: a fresh model.

@@ -71,7 +71,7 @@ struct Header {
     pullReply @8 :PullReply;    # frames: values float[n * width]
     error @9 :Error;
     report @10 :Report;
-    reportReply @11 :Void;
+    reportReply @11 :ReportReply;
     done @12 :Done;
     doneReply @13 :Void;
     shutdown @14 :Void;
@@ -222,6 +222,13 @@ struct Error {
 # A worker's progress, one JSON object (a line of metrics.jsonl).
 struct Report {
   json @0 :Text;
+}
+
+# The coordinator's answer to a report. To a server, with --checkpoint_every=<N>s, it names
+# the clock at which every server writes the next checkpoint (so that the set is whole);
+# -1: none asked.
+struct ReportReply {
+  checkpointAt @0 :Int64 = -1;
 }
 
 # A worker finished its epochs. The coordinator answers doneReply once every worker is done

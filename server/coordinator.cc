@@ -793,8 +793,50 @@ class CoordinatorJob {
       live.pushes_per_sec = static_cast<double>(pushes - live.pushes) / (now - live.time);
     }
     live.pushes = pushes;
+    if (j.contains("clock") && j["clock"].is_number_integer()) {
+      const int64_t clock = j["clock"].get<int64_t>();
+      if (live.time > 0 && now > live.time && live.clock >= 0 && clock >= live.clock) {
+        live.clocks_per_sec = static_cast<double>(clock - live.clock) / (now - live.time);
+      }
+      live.clock = clock;
+    }
     live.time = now;
     live.report = std::move(j);
+    MaybeNameCheckpointClock(now);
+  }
+
+  // --checkpoint_every=<N>s: every N seconds, name a clock every server will write its
+  // checkpoint at. It must lie ahead of every server's slowest live clock when the answer
+  // reaches it (up to a report interval later, and then the tick that completes it), so it
+  // is the fastest server's clock plus kCheckpointLeadSeconds at the fastest clock rate
+  // seen. A server already past it refuses it (the set stays incomplete and unrecorded);
+  // the next period, once every server passed it, names another.
+  static constexpr double kCheckpointLeadSeconds = 3;
+  void MaybeNameCheckpointClock(double now) {
+    if (config_.checkpoint_every_seconds <= 0 || config_.checkpoint_dir.empty()) return;
+    if (next_checkpoint_time_ < 0) {
+      next_checkpoint_time_ = now + config_.checkpoint_every_seconds;
+      return;
+    }
+    if (now < next_checkpoint_time_) return;
+    // One named clock at a time: a server holds one, and a new name before every server
+    // passed the old one would leave the old set half-written.
+    for (const ServerLive& live : server_live_) {
+      if (live.clock < checkpoint_at_) return;
+    }
+    int64_t fastest = -1;
+    double rate = 0;
+    for (const ServerLive& live : server_live_) {
+      fastest = std::max(fastest, live.clock);
+      rate = std::max(rate, live.clocks_per_sec);
+    }
+    if (fastest < 0) return;
+    const int64_t at = std::max({fastest + 2 + static_cast<int64_t>(rate * kCheckpointLeadSeconds),
+                                 recorded_clock_ + 1, checkpoint_at_ + 1});
+    checkpoint_at_ = at;
+    next_checkpoint_time_ = now + config_.checkpoint_every_seconds;
+    LOG(INFO) << "next checkpoint set at clock " << at << " (servers at up to " << fastest << ", "
+              << rate << " clocks/s)";
   }
 
   // The job as ps_status shows it: one JSON object (see server/status_main.cc).
@@ -920,7 +962,7 @@ class CoordinatorJob {
           if (int srv = ServerIndex(in->peer); srv >= 0) {
             OnServerReport(srv, header.getBody().getReport().getJson().cStr());
             capnp::MallocMessageBuilder b;
-            NewHeader(b, rid, -1).getBody().setReportReply();
+            NewHeader(b, rid, -1).getBody().initReportReply().setCheckpointAt(checkpoint_at_);
             // The server may be gone by now; that is for its own failure to tell.
             if (Status s = Send(in->peer, b); !s.ok())
               LOG(WARNING) << "server " << srv << ": " << s.ToString();
@@ -968,7 +1010,7 @@ class CoordinatorJob {
             }
             OnReport(report);
             capnp::MallocMessageBuilder b;
-            NewHeader(b, rid, -1).getBody().setReportReply();
+            NewHeader(b, rid, -1).getBody().initReportReply();
             PS_RETURN_IF_ERROR(Send(in->peer, b));
             break;
           }
@@ -1499,6 +1541,10 @@ class CoordinatorJob {
   int start_epoch_ = 1;
   json restored_;               // null unless --restore
   int64_t recorded_clock_ = 0;  // no set is taken at clock 0
+  // --checkpoint_every=<N>s: the clock named for the next set (-1: none yet) and when to
+  // name the one after (seconds since the job started; -1: at the first server report).
+  int64_t checkpoint_at_ = -1;
+  double next_checkpoint_time_ = -1;
   uint64_t checkpoints_recorded_ = 0;
   int64_t whole_clock_ = 0;                   // the latest set every server committed
   std::vector<int64_t> lease_clock_;          // per worker: its clock at its latest lease request
@@ -1527,6 +1573,8 @@ class CoordinatorJob {
     double time = 0;
     uint64_t pushes = 0;
     double pushes_per_sec = 0;
+    int64_t clock = -1;  // the slowest live worker's clock there
+    double clocks_per_sec = 0;
   };
   std::vector<WorkerLive> worker_live_;
   std::vector<ServerLive> server_live_;

@@ -69,9 +69,10 @@ DEFINE_double(group_timeout_seconds, kDefaults.group_timeout_seconds,
 DEFINE_string(memory_budget, std::to_string(kDefaults.memory_budget),
               "bytes each server's rows may take in memory (512MB, 4GB; 0: no limit); colder "
               "sparse rows spill to RocksDB");
-DEFINE_int64(checkpoint_every, kDefaults.checkpoint_every,
-             "servers checkpoint every N clocks (training steps) of the slowest worker; a count "
-             "of clocks, not seconds (0: never; also on SIGTERM)");
+DEFINE_string(checkpoint_every, std::to_string(kDefaults.checkpoint_every),
+              "servers checkpoint every N clocks (training steps) of the slowest worker (500), or "
+              "every N seconds (30s: the coordinator picks each set's clock); 0: never; also "
+              "on SIGTERM");
 DEFINE_string(checkpoint_dir, kDefaults.checkpoint_dir,
               "where servers write checkpoints (empty: none)");
 DEFINE_string(

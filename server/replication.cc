@@ -44,7 +44,11 @@ Frames WrapForBackup(int primary, uint64_t request_id, const Frames& request) {
 }
 
 BackupStore::BackupStore(JobConfig config, int self, StoreOptions store)
-    : config_(std::move(config)), self_(self), store_(std::move(store)) {}
+    : config_(std::move(config)), self_(self), store_(std::move(store)) {
+  // The primary writes its own checkpoints; a copy writing the same files would race it.
+  config_.checkpoint_every = 0;
+  config_.checkpoint_every_seconds = 0;
+}
 
 Frames BackupStore::Handle(Frames& message) {
   if (message.size() < 2) return ErrorReply(0, self_, InvalidArgument("empty replicate message"));

@@ -159,6 +159,18 @@ Result<std::vector<float>> ServerCore::ReadRow(uint32_t table, uint64_t key) {
   return std::vector<float>(rows[0], rows[0] + t.width());
 }
 
+bool ServerCore::RequestCheckpointAt(int64_t clock) {
+  if (clock <= last_checkpoint_clock_ || clock == checkpoint_requested_) return true;
+  const int64_t now = MinLiveClock();
+  if (now != INT64_MAX && now >= clock) {
+    LOG(WARNING) << "server " << server_id_ << ": checkpoint clock " << clock
+                 << " asked for at clock " << now << ": already passed";
+    return false;
+  }
+  checkpoint_requested_ = clock;
+  return true;
+}
+
 int64_t ServerCore::CheckpointClock() const {
   int64_t min = MinLiveClock();
   if (min != INT64_MAX) return min;
@@ -644,9 +656,27 @@ Result<Frames> ServerCore::HandleClock(wire::Header::Reader h, std::vector<Outgo
   // Every --checkpoint_every clocks of the slowest live worker. Under BSP no push of that
   // clock can have arrived yet (its pull waits for this very tick), so the servers'
   // snapshots at one clock agree.
-  if (config_.checkpoint_every > 0 && !config_.checkpoint_dir.empty() && min_clock != INT64_MAX &&
-      min_clock >= last_checkpoint_clock_ + config_.checkpoint_every) {
-    Status s = WriteCheckpoint(min_clock);
+  // Or at the clock the coordinator named (--checkpoint_every=<N>s): exactly there, since
+  // the other servers write that clock too; a clock passed in a jump (a worker left) is
+  // missed, and the coordinator names a later one.
+  int64_t checkpoint_at = -1;
+  if (!config_.checkpoint_dir.empty() && min_clock != INT64_MAX) {
+    if (config_.checkpoint_every > 0 &&
+        min_clock >= last_checkpoint_clock_ + config_.checkpoint_every) {
+      checkpoint_at = min_clock;
+    } else if (checkpoint_requested_ >= 0 && min_clock >= checkpoint_requested_) {
+      if (min_clock == checkpoint_requested_) {
+        checkpoint_at = min_clock;
+      } else {
+        LOG(WARNING) << "server " << server_id_ << ": missed checkpoint clock "
+                     << checkpoint_requested_ << " (the slowest clock jumped to " << min_clock
+                     << ")";
+      }
+      checkpoint_requested_ = -1;
+    }
+  }
+  if (checkpoint_at >= 0) {
+    Status s = WriteCheckpoint(checkpoint_at);
     // A failed checkpoint must not stop training; the previous complete one still stands.
     if (!s.ok()) LOG(ERROR) << "server " << server_id_ << ": checkpoint failed: " << s.ToString();
   }

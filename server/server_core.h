@@ -166,6 +166,12 @@ class ServerCore {
   Status RestoreCheckpoint(const std::string& set_dir);
   // The slowest live worker's clock, or the last known one when none is live.
   int64_t CheckpointClock() const;
+  // Writes a checkpoint when the slowest live clock reaches `clock` exactly (the coordinator
+  // names it, so that every server's file of the set stands at one clock). False, with
+  // nothing asked, when this server is already past it; a clock at or before the last
+  // checkpoint, or already asked for, is ignored (true).
+  bool RequestCheckpointAt(int64_t clock);
+  int64_t checkpoint_requested() const { return checkpoint_requested_; }
   int64_t last_checkpoint_clock() const { return last_checkpoint_clock_; }
   bool evicted(int worker) const {
     return worker >= 0 && static_cast<size_t>(worker) < evicted_.size() &&
@@ -235,6 +241,7 @@ class ServerCore {
   ServerStats stats_;
   std::vector<float*> fetched_;  // scratch of ForEachRow
   int64_t last_checkpoint_clock_ = 0;
+  int64_t checkpoint_requested_ = -1;  // RequestCheckpointAt's clock, -1: none
   RequestLimits limits_;
 };
 

@@ -35,6 +35,9 @@ nlohmann::json ServerStatusJson(const ServerCore& core, ServerCore::Clock::time_
           // The latest checkpoint this server committed (or restored): the coordinator
           // records a set once every server has it (server/checkpoint.h).
           {"checkpoint_clock", core.last_checkpoint_clock()},
+          // The slowest live worker's clock here: the coordinator names checkpoint clocks
+          // ahead of it (--checkpoint_every=<N>s).
+          {"clock", core.CheckpointClock()},
           {"held", held}};
 }
 
@@ -42,10 +45,27 @@ namespace {
 
 // Sends the server's status to the coordinator (a `report` it answers with reportReply,
 // which is drained here without waiting: the request loop must not block on it).
-void ReportToCoordinator(ClientSocket& coordinator, const ServerCore& core, uint64_t* request_id) {
+void ReportToCoordinator(ClientSocket& coordinator, ServerCore& core, uint64_t* request_id,
+                         int64_t* checkpoint_asked) {
   for (;;) {
     Result<std::optional<Frames>> reply = coordinator.TryRecv();
     if (!reply.ok() || !reply->has_value()) break;
+    // A reply may name the clock of the next checkpoint set (--checkpoint_every=<N>s).
+    Frames& frames = **reply;
+    if (frames.empty()) continue;
+    Result<DecodedHeader> decoded = DecodedHeader::Decode(frames[0]);
+    if (!decoded.ok()) continue;
+    try {
+      wire::Header::Reader h = decoded->get();
+      if (h.getBody().which() != wire::Header::Body::REPORT_REPLY) continue;
+      const int64_t at = h.getBody().getReportReply().getCheckpointAt();
+      if (at > 0 && at < ServerCore::kMaxClock && at != *checkpoint_asked) {
+        *checkpoint_asked = at;  // every reply repeats it: ask once
+        core.RequestCheckpointAt(at);
+      }
+    } catch (const std::exception& e) {
+      LOG(WARNING) << "server " << core.server_id() << ": bad report reply: " << e.what();
+    }
   }
   capnp::MallocMessageBuilder b;
   NewHeader(b, ++*request_id, core.server_id())
@@ -91,6 +111,7 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
     send(ready);
   };
   uint64_t report_id = 0;
+  int64_t checkpoint_asked = -1;
   auto next_report = ServerCore::Clock::now();
   auto next_metrics = next_report;
   int64_t reported_checkpoint = core.last_checkpoint_clock();
@@ -106,7 +127,7 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
     }
     if (coordinator != nullptr && report_interval.count() > 0 &&
         ServerCore::Clock::now() >= next_report) {
-      ReportToCoordinator(*coordinator, core, &report_id);
+      ReportToCoordinator(*coordinator, core, &report_id, &checkpoint_asked);
       next_report = ServerCore::Clock::now() + report_interval;
     }
     Result<Incoming> in = DeadlineExceeded("");

@@ -35,6 +35,30 @@ TEST(JobConfigTest, RoundTripsThroughTheFlagMap) {
   EXPECT_FLOAT_EQ(b->table_specs[6].init_scale, 0.01f);
 }
 
+// --checkpoint_every counts clocks, or seconds with an "s"; either survives the flag map
+// (the coordinator sends the job's settings to every process that way).
+TEST(JobConfigTest, CheckpointEveryTakesClocksOrSeconds) {
+  Result<JobConfig> clocks = JobConfig::FromFlagMap({{"checkpoint_every", "500"}});
+  ASSERT_TRUE(clocks.ok()) << clocks.status().ToString();
+  EXPECT_EQ(clocks->checkpoint_every, 500);
+  EXPECT_EQ(clocks->checkpoint_every_seconds, 0);
+  Result<JobConfig> seconds = JobConfig::FromFlagMap({{"checkpoint_every", "2.5s"}});
+  ASSERT_TRUE(seconds.ok()) << seconds.status().ToString();
+  EXPECT_EQ(seconds->checkpoint_every, 0);
+  EXPECT_EQ(seconds->checkpoint_every_seconds, 2.5);
+  Result<JobConfig> again = JobConfig::FromFlagMap(seconds->ToFlagMap());
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->checkpoint_every_seconds, 2.5);
+  EXPECT_EQ(again->checkpoint_every, 0);
+  for (const char* bad : {"xs", "-3s", "s", "12m"}) {
+    Result<JobConfig> r = JobConfig::FromFlagMap({{"checkpoint_every", bad}});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find(std::string("--checkpoint_every=") + bad),
+              std::string::npos)
+        << r.status().message();
+  }
+}
+
 // Each bad value is rejected with a message naming the flag, the value and what is allowed.
 TEST(JobConfigTest, BadValuesNameTheFlagTheValueAndTheRange) {
   struct Case {

@@ -163,7 +163,7 @@ zmq::message_t BuildHeader(ByteReader& in) {
       break;
     case Kind::kOther:
     case Kind::kCount:
-      h.getBody().setReportReply();  // a message type servers do not handle
+      h.getBody().initReportReply();  // a message type servers do not handle
       break;
   }
   return EncodeFrame(builder);

@@ -145,6 +145,62 @@ TEST_F(CheckpointJobTest, KilledServerRestartsFromTheLatestCheckpoint) {
   coordinator->Kill();
 }
 
+// --checkpoint_every=1s: the coordinator names the clocks; both servers write their files
+// at the same clock, and the set gets recorded, while the worker never stops.
+TEST_F(CheckpointJobTest, CheckpointsBySecondsMakeWholeSetsAcrossServers) {
+  const Deadline deadline = DeadlineIn(std::chrono::seconds(90));
+  const std::string ckpt = dir_.Join("checkpoints");
+  const std::vector<std::string> job = {
+      "--model=none", "--tables=d:64:4:uniform:1,emb:sparse:4:normal:0.1", "--num_servers=2",
+      "--num_workers=1", "--staleness=0", "--optimizer=sgd", "--base_lr=0.01",
+      "--checkpoint_every=1s", "--checkpoint_dir=" + ckpt,
+      // the in-test worker sends no heartbeats
+      "--heartbeat_timeout=600"};
+  std::string endpoint;
+  Result<ChildProcess> coordinator = StartCoordinator(job, deadline, &endpoint);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
+  Result<ChildProcess> s0 = StartServer(0, endpoint);
+  ASSERT_TRUE(s0.ok()) << s0.status().ToString();
+  Result<ChildProcess> s1 = StartServer(1, endpoint);
+  ASSERT_TRUE(s1.ok()) << s1.status().ToString();
+  Transport transport(ClientTransportOptions());
+  Result<Worker> w = Join(&transport, endpoint, deadline);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  KVClient& c = *w->client;
+  const std::vector<uint64_t> keys = Keys();
+  std::vector<float> grad(keys.size() * kWidth, 0.01f), seen(keys.size() * kWidth);
+  // Steps until a set is recorded: the coordinator names a clock about a second in, a few
+  // seconds of steps ahead; both servers write it and report it.
+  int64_t steps = 0;
+  while (RecordedClock(ckpt) == 0) {
+    ASSERT_LT(itest::SteadyClock::now(), deadline)
+        << "no checkpoint recorded after " << steps << " steps";
+    Status pulled = c.Wait(c.Pull(1, keys, seen));
+    ASSERT_TRUE(pulled.ok()) << pulled.ToString();
+    Status pushed = c.Wait(c.Push(1, keys, grad));
+    ASSERT_TRUE(pushed.ok()) << pushed.ToString();
+    Status ticked = c.Wait(c.Clock());
+    ASSERT_TRUE(ticked.ok()) << ticked.ToString();
+    ++steps;
+  }
+  const int64_t recorded = RecordedClock(ckpt);
+  ASSERT_GT(recorded, 0);
+  // Both servers' files stand at the recorded clock, whole (CRC checked on open).
+  for (int server = 0; server < 2; ++server) {
+    Result<CheckpointReader> r = CheckpointReader::Open(CheckpointFile(ckpt, recorded, server));
+    EXPECT_TRUE(r.ok()) << "server " << server << ": " << r.status().ToString();
+  }
+  // Every set directory holds both servers' files: the servers wrote the same clocks.
+  for (const auto& e : std::filesystem::directory_iterator(ckpt)) {
+    if (!e.is_directory()) continue;
+    EXPECT_TRUE(std::filesystem::exists(e.path() / "server-0.ckpt")) << e.path();
+    EXPECT_TRUE(std::filesystem::exists(e.path() / "server-1.ckpt")) << e.path();
+  }
+  s0->Kill();
+  s1->Kill();
+  coordinator->Kill();
+}
+
 // A whole job (ps_worker training sparse LR, 1 worker, BSP) that checkpoints at every epoch
 // boundary; then the job is started again from the set at clock 40 as if it had been
 // killed there (the record cut back to it, a later set half-written, a newer one whole but

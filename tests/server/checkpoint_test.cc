@@ -167,3 +167,30 @@ TEST_F(CheckpointTest, ACheckpointOfAnotherJobIsRefused) {
 
 }  // namespace
 }  // namespace ps
+
+namespace ps {
+namespace {
+
+// --checkpoint_every=<N>s: the coordinator names a clock; the server writes its file when the
+// slowest clock reaches exactly that clock, and refuses one it has passed (its file would
+// stand at another clock than the other servers').
+TEST_F(CheckpointTest, ANamedClockIsWrittenExactlyThereAndAPassedOneRefused) {
+  config_.checkpoint_every = 0;
+  config_.checkpoint_every_seconds = 1;
+  auto core = ServerCore::Create(config_, 0, store_).value();
+  ASSERT_TRUE(core->RequestCheckpointAt(3));
+  for (int64_t c = 1; c <= 5; ++c) Step(*core, c, 0.1f * static_cast<float>(c));
+  EXPECT_EQ(core->last_checkpoint_clock(), 3);
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/clock-000000000003/server-0.ckpt"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/clock-000000000004"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/clock-000000000005"));
+  EXPECT_FALSE(core->RequestCheckpointAt(5));  // the slowest clock is 5 already
+  EXPECT_FALSE(core->RequestCheckpointAt(4));
+  ASSERT_TRUE(core->RequestCheckpointAt(7));
+  for (int64_t c = 6; c <= 8; ++c) Step(*core, c, 0.1f);
+  EXPECT_EQ(core->last_checkpoint_clock(), 7);
+  EXPECT_EQ(core->stats().checkpoints_written, 2u);
+}
+
+}  // namespace
+}  // namespace ps
