@@ -508,7 +508,8 @@ std::string GroupDevice(const Kernels& kernels) {
 // Everything after registration. *done_sent tells the caller whether the coordinator
 // already heard from this worker.
 Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
-             Transport* transport, const std::atomic<bool>& stop, json* totals, bool* done_sent) {
+             Transport* transport, const std::atomic<bool>& stop, json* totals, bool* done_sent,
+             HeartbeatSender* heartbeat) {
   const JobConfig& config = reg.config;
   // With --batch_size=auto a worker's batch follows its share of the job's throughput, at
   // most every worker's batches together.
@@ -530,6 +531,19 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
   PS_ASSIGN_OR_RETURN(copt.wire_dtype, ParseWireDtype(options.wire_dtype));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<KVClient> client,
                       KVClient::Create(transport, config, reg.server_endpoints, copt));
+  // Failover (--replicas=2): heartbeat replies name the servers whose shards moved. The
+  // guard unhooks the client before it is destroyed.
+  if (heartbeat != nullptr) {
+    heartbeat->SetRedirectHandler([c = client.get()](int server, const std::string& endpoint) {
+      c->Redirect(server, endpoint);
+    });
+  }
+  struct UnhookRedirects {
+    HeartbeatSender* h;
+    ~UnhookRedirects() {
+      if (h != nullptr) h->SetRedirectHandler(nullptr);
+    }
+  } unhook_redirects{heartbeat};
   CoordinatorSink sink(reg.coordinator.get(), reg.id);
   if (metrics) sink.SetMetrics(&*metrics, client.get());
   CoordinatorChunkSource chunks(reg.coordinator.get());
@@ -629,7 +643,8 @@ Status RunWorker(const WorkerOptions& options, Transport* transport,
                       HeartbeatSender::Start(transport, hopt));
   json totals = json::object();
   bool done_sent = false;
-  Status s = Train(reg, kernels.get(), options, transport, stop, &totals, &done_sent);
+  Status s =
+      Train(reg, kernels.get(), options, transport, stop, &totals, &done_sent, heartbeat.get());
   if (!s.ok() && !done_sent) {
     // Tell the coordinator, so that the job ends instead of waiting for this worker.
     Status told = SendDone(*reg.coordinator, reg.id, totals, s, stop);
