@@ -119,6 +119,55 @@ TEST(ReplicationTest, ForwardedPushesLeaveTheBackupEqualToThePrimary) {
   EXPECT_EQ(backup.shadow(0), nullptr);
 }
 
+Frames PromoteMessage(uint64_t rid, int primary) {
+  capnp::MallocMessageBuilder b;
+  NewHeader(b, rid, -1).getBody().initPromote().setPrimary(primary);
+  Frames f;
+  f.push_back(EncodeFrame(b));
+  return f;
+}
+
+TEST(ReplicationTest, APromotedShadowIsServedAndRefusesLaterForwards) {
+  const JobConfig config = TwoServers();
+  std::unique_ptr<ServerCore> primary = ServerCore::Create(config, 0).value();
+  BackupStore backup(config, 1);
+  uint64_t seq = 0;
+  const std::vector<uint64_t> sparse = {7};
+  ApplyBoth(*primary, backup, KeyPush(1, 1, sparse, {0.5f, -1}), &seq);
+  EXPECT_FALSE(backup.any_promoted());
+  EXPECT_EQ(backup.promoted(0), nullptr);
+
+  // Only the backup of server 0 may be promoted for it.
+  BackupStore other(config, 0);
+  Frames wrong = PromoteMessage(2, 0);
+  EXPECT_EQ(ReplyStatus(other.HandlePromote(wrong)).code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(other.any_promoted());
+
+  Frames promote = PromoteMessage(3, 0);
+  Frames reply = backup.HandlePromote(promote);
+  ASSERT_TRUE(ReplyStatus(reply).ok()) << ReplyStatus(reply).ToString();
+  EXPECT_EQ(ReplyHeader(reply).get().getBody().which(), wire::Header::Body::PROMOTE_REPLY);
+  ServerCore* served = backup.promoted(0);
+  ASSERT_NE(served, nullptr);
+  EXPECT_EQ(served, backup.shadow(0));
+  EXPECT_EQ(backup.backup_of_self(), 0);
+  EXPECT_EQ(Rows(*served, 1, sparse), Rows(*primary, 1, sparse));
+  // Promoting again is a no-op; a forward from the dead primary is refused.
+  Frames again = PromoteMessage(4, 0);
+  EXPECT_TRUE(ReplyStatus(backup.HandlePromote(again)).ok());
+  EXPECT_EQ(backup.promoted(0), served);
+  Frames late = WrapForBackup(0, ++seq, KeyPush(5, 1, sparse, {1, 1}));
+  EXPECT_EQ(ReplyStatus(backup.Handle(late)).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Rows(*served, 1, sparse), Rows(*primary, 1, sparse));
+
+  // A primary that never forwarded anything: its shards are served as they started.
+  BackupStore fresh(config, 1);
+  Frames first = PromoteMessage(6, 0);
+  ASSERT_TRUE(ReplyStatus(fresh.HandlePromote(first)).ok());
+  ASSERT_NE(fresh.promoted(0), nullptr);
+  EXPECT_EQ(fresh.promoted(0)->server_id(), 0);
+}
+
 TEST(ReplicationTest, ABackupRefusesWhatIsNotItsPrimarysAndBadMessages) {
   const JobConfig config = TwoServers();
   BackupStore backup(config, 0);  // backs up server 1 only
