@@ -531,6 +531,9 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
   PS_ASSIGN_OR_RETURN(copt.wire_dtype, ParseWireDtype(options.wire_dtype));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<KVClient> client,
                       KVClient::Create(transport, config, reg.server_endpoints, copt));
+  CoordinatorSink sink(reg.coordinator.get(), reg.id);
+  if (metrics) sink.SetMetrics(&*metrics, client.get());
+  CoordinatorChunkSource chunks(reg.coordinator.get());
   // Failover (--replicas=2): heartbeat replies name the servers whose shards moved. The
   // guard unhooks the client before it is destroyed.
   if (heartbeat != nullptr) {
@@ -544,9 +547,6 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
       if (h != nullptr) h->SetRedirectHandler(nullptr);
     }
   } unhook_redirects{heartbeat};
-  CoordinatorSink sink(reg.coordinator.get(), reg.id);
-  if (metrics) sink.SetMetrics(&*metrics, client.get());
-  CoordinatorChunkSource chunks(reg.coordinator.get());
   TrainingLoop loop(config, reg.id, client.get(), model.get(), &sink, &chunks,
                     kernels->DeviceName(), options.slowdown, options.batch_size, options.prefetch);
   LOG(INFO) << "prefetch " << (loop.prefetching() ? "on" : "off")
