@@ -82,10 +82,10 @@ Frames BackupStore::Handle(Frames& message) {
                            std::to_string(primary)));
   }
   if (is_promoted(primary)) {
-    return ErrorReply(
-        request_id, self_,
-        FailedPrecondition("server " + std::to_string(self_) +
-                           " already serves the shards of server " + std::to_string(primary)));
+    // Aborted fences the old primary (BackupLink::fenced): it must not acknowledge this.
+    return ErrorReply(request_id, self_,
+                      Aborted("server " + std::to_string(self_) +
+                              " already serves the shards of server " + std::to_string(primary)));
   }
   std::unique_ptr<ServerCore>& shadow = shadows_[primary];
   if (shadow == nullptr) {
@@ -169,7 +169,9 @@ uint64_t BackupLink::Poll(std::chrono::steady_clock::time_point now) {
     try {
       wire::Header::Reader r = h->get();
       if (r.getBody().which() == wire::Header::Body::ERROR) {
-        MarkDown(StatusFromError(r.getBody().getError()));
+        const Status why = StatusFromError(r.getBody().getError());
+        if (why.code() == StatusCode::kAborted) fenced_ = true;
+        MarkDown(why);
         break;
       }
       const uint64_t seq = r.getRequestId();

@@ -109,6 +109,10 @@ class BackupLink {
   uint64_t acked() const { return acked_; }
   // After a failure: later requests are not forwarded, held replies may go.
   bool down() const { return down_; }
+  // The backup refused a forward because it was promoted: the coordinator declared this
+  // server dead (e.g. it was stopped, not killed) and the backup serves its shards. This
+  // server must not acknowledge what it applied since: the copy that counts lacks it.
+  bool fenced() const { return fenced_; }
   // The coordinator declared the backup dead (it promoted it): stop forwarding and release
   // the held replies now instead of after the timeout.
   void Abandon(const Status& why) { MarkDown(why); }
@@ -125,6 +129,7 @@ class BackupLink {
   // When the oldest unacknowledged request was sent (valid while sent_ > acked_).
   std::chrono::steady_clock::time_point oldest_unacked_;
   bool down_ = false;
+  bool fenced_ = false;
 };
 
 }  // namespace ps

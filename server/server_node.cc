@@ -80,11 +80,15 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
   std::vector<Outgoing> ready;
   auto release_acknowledged = [&] {
     const uint64_t acked = backup_link->Poll(ServerCore::Clock::now());
-    while (!held.empty() && (backup_link->down() || held.front().need <= acked)) {
+    const bool fenced = backup_link->fenced();
+    while (!held.empty() && ((backup_link->down() && !fenced) || held.front().need <= acked)) {
       ready.push_back(std::move(held.front().reply));
       held.pop_front();
     }
     send(ready);
+    // Declared dead and replaced: what the backup did not acknowledge is never answered
+    // (the workers resend it to the promoted backup).
+    if (fenced) held.clear();
   };
   uint64_t report_id = 0;
   auto next_report = ServerCore::Clock::now();
@@ -208,6 +212,12 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
       }
     }
     send(out);
+    if (backup_link != nullptr && backup_link->fenced()) {
+      LOG(ERROR) << "server " << core.server_id()
+                 << ": the backup was promoted (this server was declared dead); stopping";
+      return FailedPrecondition("server " + std::to_string(core.server_id()) +
+                                " was declared dead and its backup promoted");
+    }
     if (after == ServerCore::After::kShutdown) {
       LOG(INFO) << "server " << core.server_id() << ": shutdown requested";
       return Status::Ok();

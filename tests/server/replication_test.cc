@@ -157,7 +157,8 @@ TEST(ReplicationTest, APromotedShadowIsServedAndRefusesLaterForwards) {
   EXPECT_TRUE(ReplyStatus(backup.HandlePromote(again)).ok());
   EXPECT_EQ(backup.promoted(0), served);
   Frames late = WrapForBackup(0, ++seq, KeyPush(5, 1, sparse, {1, 1}));
-  EXPECT_EQ(ReplyStatus(backup.Handle(late)).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReplyStatus(backup.Handle(late)).code(), StatusCode::kAborted)
+      << "Aborted fences the old primary";
   EXPECT_EQ(Rows(*served, 1, sparse), Rows(*primary, 1, sparse));
 
   // A primary that never forwarded anything: its shards are served as they started.
@@ -320,6 +321,47 @@ TEST_F(ReplicatedPairTest, APrimaryWaitsForItsBackupThenGoesOnAlone) {
   StopServer(0);
   EXPECT_EQ(core_[0]->stats().pushes_applied, 1u);
   EXPECT_TRUE(link_[0]->down());
+}
+
+// Failover: once the coordinator promoted server 1 for server 0, a push that reaches the
+// old primary (stopped, not dead, and back) is refused by the backup; the old primary is
+// fenced: it never acknowledges that push and stops. The worker's resend to the promoted
+// copy (same request id, target server 0) is applied there once.
+TEST_F(ReplicatedPairTest, APromotedBackupFencesTheOldPrimary) {
+  Start(4.0);
+  std::unique_ptr<ClientSocket> coordinator =
+      transport_.Connect(listen_[1]->BoundEndpoint()).value();
+  Result<CallReply> promoted = Call(*coordinator, PromoteMessage(1, 0), std::chrono::seconds(10));
+  ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
+  EXPECT_EQ(promoted->header.get().getBody().which(), wire::Header::Body::PROMOTE_REPLY);
+
+  const std::vector<uint64_t> dense = DenseKeys(config_, 0);
+  std::vector<float> g(dense.size() * 3, 0.5f);
+  ASSERT_TRUE(client_->Send(VersionedPush(7, 0, dense.front(), dense.back() + 1, g, 0, 0, 0)).ok());
+  Result<Frames> answered = client_->Recv(std::chrono::milliseconds(1500));
+  EXPECT_FALSE(answered.ok()) << "a fenced primary acknowledges nothing";
+  threads_[0].join();
+  EXPECT_EQ(result_[0].code(), StatusCode::kFailedPrecondition) << result_[0].ToString();
+  EXPECT_TRUE(link_[0]->fenced());
+
+  // The worker's resend, redirected: the promoted copy applies it.
+  Frames resend = VersionedPush(7, 0, dense.front(), dense.back() + 1, g, 0, 0, 0);
+  {
+    Result<DecodedHeader> h = DecodedHeader::Decode(resend[0]);
+    ASSERT_TRUE(h.ok());
+    capnp::MallocMessageBuilder b;
+    b.setRoot(h->get());
+    b.getRoot<wire::Header>().setTargetServer(0);
+    resend[0] = EncodeFrame(b);
+  }
+  std::unique_ptr<ClientSocket> worker = transport_.Connect(listen_[1]->BoundEndpoint()).value();
+  Result<CallReply> applied = Call(*worker, std::move(resend), std::chrono::seconds(10));
+  ASSERT_TRUE(applied.ok()) << applied.status().ToString();
+  EXPECT_EQ(applied->header.get().getBody().which(), wire::Header::Body::PUSH_REPLY);
+  StopServer(1);
+  ASSERT_NE(backups_[1]->promoted(0), nullptr);
+  EXPECT_EQ(backups_[1]->promoted(0)->stats().pushes_applied, 1u);
+  EXPECT_EQ(core_[1]->stats().pushes_applied, 0u) << "server 1's own shards are untouched";
 }
 
 }  // namespace
