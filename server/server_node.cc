@@ -130,9 +130,15 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
         if (target >= 0 && target != core.server_id()) {
           promoted = backups->promoted(target);
           if (promoted == nullptr) {
+            Result<DecodedHeader> h = DecodedHeader::Decode(in->frames[0]);
+            uint64_t rid = 0;
+            try {
+              if (h.ok()) rid = h->get().getRequestId();
+            } catch (const std::exception&) {
+            }
             std::vector<Outgoing> refused;
             refused.push_back(Outgoing{
-                in->peer, ErrorReply(0, core.server_id(),
+                in->peer, ErrorReply(rid, core.server_id(),
                                      Unavailable("server " + std::to_string(core.server_id()) +
                                                  " does not serve the shards of server " +
                                                  std::to_string(target)))});

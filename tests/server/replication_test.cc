@@ -327,16 +327,32 @@ TEST_F(ReplicatedPairTest, APrimaryWaitsForItsBackupThenGoesOnAlone) {
 // old primary (stopped, not dead, and back) is refused by the backup; the old primary is
 // fenced: it never acknowledges that push and stops. The worker's resend to the promoted
 // copy (same request id, target server 0) is applied there once.
+// A request's header with targetServer set (as a KVClient sends it).
+Frames ForServer(Frames request, int target) {
+  Result<DecodedHeader> h = DecodedHeader::Decode(request[0]);
+  EXPECT_TRUE(h.ok());
+  capnp::MallocMessageBuilder b;
+  b.setRoot(h->get());
+  b.getRoot<wire::Header>().setTargetServer(target);
+  request[0] = EncodeFrame(b);
+  return request;
+}
+
 TEST_F(ReplicatedPairTest, APromotedBackupFencesTheOldPrimary) {
   Start(4.0);
   std::unique_ptr<ClientSocket> coordinator =
       transport_.Connect(listen_[1]->BoundEndpoint()).value();
+  const std::vector<uint64_t> dense = DenseKeys(config_, 0);
+  std::vector<float> g(dense.size() * 3, 0.5f);
+  // Before a promotion, server 1 refuses requests for server 0's shards.
+  Result<CallReply> early = Call(
+      *coordinator, ForServer(VersionedPush(5, 0, dense.front(), dense.back() + 1, g, 0, 0, 0), 0),
+      std::chrono::seconds(10));
+  EXPECT_EQ(early.status().code(), StatusCode::kUnavailable) << early.status().ToString();
   Result<CallReply> promoted = Call(*coordinator, PromoteMessage(1, 0), std::chrono::seconds(10));
   ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
   EXPECT_EQ(promoted->header.get().getBody().which(), wire::Header::Body::PROMOTE_REPLY);
 
-  const std::vector<uint64_t> dense = DenseKeys(config_, 0);
-  std::vector<float> g(dense.size() * 3, 0.5f);
   ASSERT_TRUE(client_->Send(VersionedPush(7, 0, dense.front(), dense.back() + 1, g, 0, 0, 0)).ok());
   Result<Frames> answered = client_->Recv(std::chrono::milliseconds(1500));
   EXPECT_FALSE(answered.ok()) << "a fenced primary acknowledges nothing";
@@ -345,15 +361,7 @@ TEST_F(ReplicatedPairTest, APromotedBackupFencesTheOldPrimary) {
   EXPECT_TRUE(link_[0]->fenced());
 
   // The worker's resend, redirected: the promoted copy applies it.
-  Frames resend = VersionedPush(7, 0, dense.front(), dense.back() + 1, g, 0, 0, 0);
-  {
-    Result<DecodedHeader> h = DecodedHeader::Decode(resend[0]);
-    ASSERT_TRUE(h.ok());
-    capnp::MallocMessageBuilder b;
-    b.setRoot(h->get());
-    b.getRoot<wire::Header>().setTargetServer(0);
-    resend[0] = EncodeFrame(b);
-  }
+  Frames resend = ForServer(VersionedPush(7, 0, dense.front(), dense.back() + 1, g, 0, 0, 0), 0);
   std::unique_ptr<ClientSocket> worker = transport_.Connect(listen_[1]->BoundEndpoint()).value();
   Result<CallReply> applied = Call(*worker, std::move(resend), std::chrono::seconds(10));
   ASSERT_TRUE(applied.ok()) << applied.status().ToString();
