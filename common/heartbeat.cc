@@ -35,6 +35,11 @@ void HeartbeatSender::Stop() {
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
+void HeartbeatSender::SetRedirectHandler(std::function<void(int, const std::string&)> handler) {
+  std::lock_guard<std::mutex> lock(handler_mu_);
+  redirect_handler_ = std::move(handler);
+}
+
 void HeartbeatSender::Loop() {
   uint64_t request_id = 0;
   std::unique_lock<std::mutex> lock(mu_);
@@ -64,6 +69,15 @@ void HeartbeatSender::Loop() {
         if (body.which() == wire::Header::Body::ALIVE_REPLY && body.getAliveReply().getEvicted()) {
           if (!evicted_.exchange(true)) {
             LOG(ERROR) << "the coordinator declared this worker dead (it was silent too long)";
+          }
+        }
+        if (body.which() == wire::Header::Body::ALIVE_REPLY &&
+            body.getAliveReply().hasRedirects()) {
+          std::lock_guard<std::mutex> handler_lock(handler_mu_);
+          if (redirect_handler_) {
+            for (auto r : body.getAliveReply().getRedirects()) {
+              redirect_handler_(static_cast<int>(r.getId()), r.getEndpoint().cStr());
+            }
           }
         }
       } catch (const kj::Exception&) {

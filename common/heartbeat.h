@@ -6,7 +6,9 @@
 // may be blocked for minutes in a lease request or the end-of-job barrier, and a
 // heartbeat must not wait behind it. Replies are read without waiting; a reply saying that
 // the coordinator evicted this worker (it was silent too long, e.g. stopped with SIGSTOP,
-// and its work went to others) sets evicted(), and the owner should stop.
+// and its work went to others) sets evicted(), and the owner should stop. A reply that
+// lists redirects (a dead server's shards are served by its promoted backup, --replicas=2)
+// is passed to the redirect handler, on every beat: the handler must be idempotent.
 //
 // Thread model: one internal thread sends the beats and owns the socket; the public
 // methods are thread-safe. Stop() (or the destructor) ends the thread within a moment.
@@ -15,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,6 +52,10 @@ class HeartbeatSender {
   // The coordinator answered that it evicted this worker.
   bool evicted() const { return evicted_.load(); }
   uint64_t beats_sent() const { return beats_.load(); }
+  // Called from the heartbeat thread with (server, endpoint) for each redirect in a reply;
+  // nullptr: none. Once this returns, the previous handler is not running and will not be
+  // called again, so that its owner may go away.
+  void SetRedirectHandler(std::function<void(int, const std::string&)> handler);
 
  private:
   HeartbeatSender(const HeartbeatOptions& options, std::unique_ptr<ClientSocket> socket);
@@ -58,6 +65,8 @@ class HeartbeatSender {
   std::unique_ptr<ClientSocket> socket_;  // owned by the thread
   std::atomic<bool> evicted_{false};
   std::atomic<uint64_t> beats_{0};
+  std::mutex handler_mu_;
+  std::function<void(int, const std::string&)> redirect_handler_;  // guarded by handler_mu_
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;  // guarded by mu_

@@ -93,7 +93,13 @@ struct Header {
     replicate @29 :Replicate;   # primary -> its backup: frames: the request, as the primary
                                 # got it (server/replication.h)
     replicateReply @30 :Void;   # the backup applied it
+    promote @31 :Promote;       # coordinator -> the backup of a dead primary: serve its shards
+    promoteReply @32 :Void;
   }
+  # The server whose shards a request is for; -1: the receiver's own. After a failover a
+  # server also serves its dead predecessor's shards, and this field says which core a
+  # request goes to (server/replication.h).
+  targetServer @33 :Int32 = -1;
 }
 
 # A heartbeat, every --heartbeat_timeout / 4 (common/heartbeat.h).
@@ -104,6 +110,13 @@ struct Alive {
 
 struct AliveReply {
   evicted @0 :Bool;   # the coordinator declared this worker dead: it must stop
+  redirects @1 :List(ServerInfo);   # dead servers and where their shards are served now
+}
+
+# Primary server `primary` is dead: its backup serves the shadow copy of its shards from now
+# on (requests whose targetServer is `primary`), without a backup of its own.
+struct Promote {
+  primary @0 :Int32;
 }
 
 # The coordinator declared worker `worker` dead: drop it from the clock table (nobody waits

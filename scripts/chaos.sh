@@ -3,10 +3,12 @@
 # and a replacement joins (launch_local.sh --join), then the same job without faults; prints
 # both test accuracies, pushes_lost and the failures survived.
 #
-#   scripts/chaos.sh [--every SECONDS] [--workers N] [--run_dir DIR] [-- extra job flags]
+#   scripts/chaos.sh [--every SECONDS] [--workers N] [--kill_server_once] [--run_dir DIR]
+#                    [-- extra job flags]
 #
 # --every: seconds between kills (default 8); --workers: workers of the job (default 2,
-# the default job's). Runs take a few minutes each; not part of the test suite. Needs a
+# the default job's). --kill_server_once: instead, both runs use --replicas=2 and server 0
+# is killed (kill -9) once, --every seconds after training started; no worker is killed. Runs take a few minutes each; not part of the test suite. Needs a
 # build (scripts/build.sh) and python3.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,11 +16,13 @@ every=8
 workers=2
 run_dir="$root/runs/chaos-$(date +%Y%m%d-%H%M%S)"
 extra=()
+kill_server=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --every) every="$2"; shift 2 ;;
     --workers) workers="$2"; shift 2 ;;
     --run_dir) run_dir="$2"; shift 2 ;;
+    --kill_server_once) kill_server=1; shift ;;
     --) shift; extra=("$@"); break ;;
     -h|--help) sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "chaos.sh: unknown option '$1'" >&2; exit 2 ;;
@@ -27,6 +31,7 @@ done
 [[ "$every" =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "chaos.sh: --every must be seconds, got '$every'" >&2; exit 2; }
 [[ "$workers" =~ ^[1-9][0-9]*$ ]] || { echo "chaos.sh: --workers must be a positive integer, got '$workers'" >&2; exit 2; }
 mkdir -p "$run_dir"
+[ "$kill_server" = 1 ] && extra+=(--replicas=2)
 launch="$root/scripts/launch_local.sh"
 
 # ---- with faults ----
@@ -38,7 +43,19 @@ joiners=()
 kills=0
 while [ ! -s "$faults/coordinator.endpoint" ] && kill -0 "$job" 2>/dev/null; do sleep 0.2; done
 endpoint="$(cat "$faults/coordinator.endpoint" 2>/dev/null)"
-while kill -0 "$job" 2>/dev/null; do
+if [ "$kill_server" = 1 ]; then
+  # Once training is under way (a train line in metrics.jsonl), then --every seconds.
+  while kill -0 "$job" 2>/dev/null && ! grep -q '"kind":"train"' "$faults/metrics.jsonl" 2>/dev/null; do
+    sleep 0.2
+  done
+  sleep "$every"
+  victim="$(pgrep -f "ps_server --coordinator=$endpoint .*--id=0" | head -1)"
+  if [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; then
+    echo "chaos: kill -9 server 0 pid $victim at $(date +%T)"
+    kills=1
+  fi
+fi
+while [ "$kill_server" = 0 ] && kill -0 "$job" 2>/dev/null; do
   sleep "$every"
   kill -0 "$job" 2>/dev/null || break
   mapfile -t live < <(pgrep -f "ps_worker --coordinator=$endpoint" || true)
@@ -85,4 +102,9 @@ if det:
 print("failures:")
 for x in f.get("failures", []):
     print("  %s %s at %.1fs: %s" % (x.get("kind"), x.get("process"), x.get("time", 0), x.get("recovered")))
+    if x.get("kind") == "server_lost":
+        print("    silent %.2f s when declared dead; failover (last heartbeat -> backup promoted) %.2f s"
+              % (x.get("silent_seconds", 0), x.get("failover_seconds", 0)))
+if "test_loss" in f and "test_loss" in c:
+    print("test loss: %.9g with faults, %.9g without" % (f["test_loss"], c["test_loss"]))
 PY

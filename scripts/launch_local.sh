@@ -22,7 +22,9 @@
 # console; every process's log, metrics.jsonl and summary.json go to the run directory.
 # Returns the job's exit status; stops every process it started when the coordinator or a
 # server fails, on Ctrl-C and on exit. A worker that dies does not stop the job: the
-# coordinator notices (heartbeats), hands its data to the others and goes on.
+# coordinator notices (heartbeats), hands its data to the others and goes on. With
+# --replicas=2 (in the flagfile or after --) a server that dies does not stop it either:
+# the coordinator promotes its backup.
 # --join RUN_DIR adds one worker to the job running in RUN_DIR (it reads the coordinator's
 # endpoint there) and returns that worker's exit status; its log is
 # RUN_DIR/logs/worker-join-<time>.log.
@@ -211,6 +213,12 @@ for ((i = 0; i < workers; i++)); do
   pids+=($!); names+=("worker-$i")
 done
 
+# With --replicas=2 a dead server's backup takes over (the last setting wins).
+replicated=0
+for f in $(grep -hoE -- '--replicas=[0-9]+' "$flagfile" 2>/dev/null) "${extra[@]}"; do
+  case "$f" in --replicas=2) replicated=1 ;; --replicas=*) replicated=0 ;; esac
+done
+
 # Wait for the coordinator to finish; stop early if any other process fails.
 rc=0
 while true; do
@@ -234,6 +242,10 @@ while true; do
   if [ "$status" -ne 0 ] && [[ "$name" == worker-* ]]; then
     # The coordinator declares it dead and gives its data to the others.
     echo "launch_local.sh: $name exited with status $status; the job goes on without it" >&2
+    continue
+  fi
+  if [ "$status" -ne 0 ] && [[ "$name" == server-* ]] && [ "$replicated" = 1 ]; then
+    echo "launch_local.sh: $name exited with status $status; its backup takes over (--replicas=2)" >&2
     continue
   fi
   if [ "$status" -ne 0 ]; then

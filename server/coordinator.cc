@@ -441,8 +441,82 @@ class CoordinatorJob {
       if (!evicted) m.last_seen = Clock::now();
     }
     capnp::MallocMessageBuilder b;
-    NewHeader(b, rid, -1).getBody().initAliveReply().setEvicted(evicted);
+    auto reply = NewHeader(b, rid, -1).getBody().initAliveReply();
+    reply.setEvicted(evicted);
+    if (!promoted_.empty() && alive.getRole() == wire::Role::WORKER) {
+      // Failover: where the dead servers' shards are served now (the worker's KVClient
+      // reconnects and resends what they had not answered).
+      auto list = reply.initRedirects(static_cast<unsigned>(promoted_.size()));
+      unsigned i = 0;
+      for (const auto& [dead, backup] : promoted_) {
+        list[i].setId(static_cast<uint32_t>(dead));
+        list[i].setEndpoint(servers_[static_cast<size_t>(backup)].endpoint);
+        ++i;
+      }
+    }
     return Send(peer, b);
+  }
+
+  // The live server that serves server `s`'s shards: s itself, its promoted backup after a
+  // failover, or -1 when they are lost.
+  int ServedBy(int s) const {
+    auto it = promoted_.find(s);
+    if (it != promoted_.end()) return it->second;
+    return servers_[static_cast<size_t>(s)].dead ? -1 : s;
+  }
+
+  // A request to server `s` (its socket is connected on first use and reset after a failed
+  // call, so that a late reply cannot answer the next call).
+  Result<CallReply> CallServer(int s, Frames f, std::chrono::milliseconds timeout) {
+    if (server_sockets_.size() < servers_.size()) server_sockets_.resize(servers_.size());
+    std::unique_ptr<ClientSocket>& sock = server_sockets_[static_cast<size_t>(s)];
+    if (!sock) {
+      PS_ASSIGN_OR_RETURN(sock, transport_->Connect(servers_[static_cast<size_t>(s)].endpoint));
+    }
+    Result<CallReply> reply = Call(*sock, std::move(f), timeout);
+    if (!reply.ok()) sock.reset();
+    return reply;
+  }
+
+  // Server `s` is dead and --replicas=2: its backup serves the copy of its shards from now
+  // on (server/replication.h), and workers learn it from their heartbeat replies. Returns
+  // the failure entry's fields.
+  json PromoteBackup(int s, Clock::time_point last_seen) {
+    json event;
+    const int backup = (s + 1) % static_cast<int>(servers_.size());
+    if (backup == s || servers_[static_cast<size_t>(backup)].dead) {
+      event["recovered"] =
+          "nothing: the backup, server " + std::to_string(backup) + ", is gone too";
+      return event;
+    }
+    capnp::MallocMessageBuilder b;
+    NewHeader(b, ++evict_request_, -1).getBody().initPromote().setPrimary(s);
+    Frames f;
+    f.push_back(EncodeFrame(b));
+    Result<CallReply> reply = CallServer(backup, std::move(f), options_.evict_timeout);
+    Status st = !reply.ok() ? reply.status()
+                : reply->header.get().getBody().which() == wire::Header::Body::PROMOTE_REPLY
+                    ? Status::Ok()
+                    : Internal("server " + std::to_string(backup) + " refused the promotion");
+    if (!st.ok()) {
+      LOG(ERROR) << "promoting server " << backup << " for server " << s << ": " << st.ToString();
+      event["recovered"] =
+          "nothing: promoting server " + std::to_string(backup) + " failed: " + st.ToString();
+      return event;
+    }
+    promoted_[s] = backup;
+    const auto now_unix = std::chrono::system_clock::now().time_since_epoch();
+    event["promoted"] = backup;
+    event["promoted_unix_time"] = std::chrono::duration<double>(now_unix).count();
+    // From the last heartbeat (the server died after it) to the promotion: an upper bound
+    // of the time its shards could not be served.
+    event["failover_seconds"] = std::chrono::duration<double>(Clock::now() - last_seen).count();
+    event["recovered"] = "server " + std::to_string(backup) +
+                         " serves its shards from its copy (every acknowledged push); they run "
+                         "without a backup from now on";
+    std::printf("server %d lost: server %d serves its shards now  %.1fs\n", s, backup, Elapsed());
+    std::fflush(stdout);
+    return event;
   }
 
   // Tells every server that worker `w` is gone: it leaves their clock tables and its later
@@ -450,6 +524,23 @@ class CoordinatorJob {
   void EvictOnServers(int w) {
     if (server_sockets_.size() < servers_.size()) server_sockets_.resize(servers_.size());
     for (size_t s = 0; s < servers_.size(); ++s) {
+      const int to = ServedBy(static_cast<int>(s));
+      if (to < 0) continue;  // its shards are lost: nobody to tell
+      if (to != static_cast<int>(s)) {
+        // A failed-over server's shards: its promoted backup drops the worker there too.
+        capnp::MallocMessageBuilder b;
+        auto h = NewHeader(b, ++evict_request_, -1);
+        h.setTargetServer(static_cast<int32_t>(s));
+        h.getBody().initEvict().setWorker(w);
+        Frames f;
+        f.push_back(EncodeFrame(b));
+        Result<CallReply> reply = CallServer(to, std::move(f), options_.evict_timeout);
+        if (!reply.ok()) {
+          LOG(ERROR) << "server " << to << " did not confirm the eviction of worker " << w
+                     << " from the shards of server " << s << ": " << reply.status().ToString();
+        }
+        continue;
+      }
       if (!server_sockets_[s]) {
         Result<std::unique_ptr<ClientSocket>> sock = transport_->Connect(servers_[s].endpoint);
         if (!sock.ok()) {
@@ -515,7 +606,8 @@ class CoordinatorJob {
   }
 
   // Declares dead every live worker silent for longer than --heartbeat_timeout; lists
-  // silent servers (a server cannot be replaced: the job then fails on its own).
+  // silent servers. With --replicas=2 a silent server is declared dead and its backup
+  // promoted (PromoteBackup); without, it cannot be replaced: the job then fails on its own.
   Status CheckHeartbeats() {
     const auto now = Clock::now();
     const auto timeout = std::chrono::duration<double>(config_.heartbeat_timeout);
@@ -531,6 +623,25 @@ class CoordinatorJob {
       m.silent_reported = true;
       LOG(ERROR) << "server " << s << " is silent (no heartbeat for " << config_.heartbeat_timeout
                  << " s)";
+      if (config_.replicas >= 2) {
+        // Failover: the server is dead to the job (not shut down, not asked again).
+        m.dead = true;
+        json event = PromoteBackup(static_cast<int>(s), m.last_seen);
+        event["kind"] = "server_lost";
+        event["process"] = "server-" + std::to_string(s);
+        event["server"] = s;
+        event["pid"] = m.pid;
+        event["time"] = Elapsed();
+        event["silent_seconds"] = std::chrono::duration<double>(now - m.last_seen).count();
+        // Wall-clock time of the detection, so that a test can measure it from the kill.
+        event["unix_time"] =
+            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+                .count();
+        LOG(WARNING) << "server " << s << " declared dead: " << event.dump();
+        metrics_failures_.Increment();
+        failures_.push_back(std::move(event));
+        continue;
+      }
       failures_.push_back(
           {{"kind", "server_silent"},
            {"process", "server-" + std::to_string(s)},
@@ -1281,6 +1392,13 @@ class CoordinatorJob {
     Status first_error;
     for (size_t s = 0; s < servers_.size(); ++s) {
       json entry = {{"id", s}, {"endpoint", servers_[s].endpoint}};
+      if (servers_[s].dead) {
+        // Failed over (--replicas=2): nothing to shut down; its counters died with it.
+        entry["state"] = "lost";
+        entry["served_by"] = ServedBy(static_cast<int>(s));
+        out->push_back(entry);
+        continue;
+      }
       Result<CallReply> reply = Unavailable("not contacted");
       Result<std::unique_ptr<ClientSocket>> sock = transport_->Connect(servers_[s].endpoint);
       if (sock.ok()) {
@@ -1522,6 +1640,7 @@ class CoordinatorJob {
 
   // Failures and joins.
   std::vector<std::unique_ptr<ClientSocket>> server_sockets_;  // for evictions, by server id
+  std::map<int, int> promoted_;  // failover: dead server -> the backup serving its shards
   uint64_t evict_request_ = 0;
   json failures_ = json::array();
   json joins_ = json::array();

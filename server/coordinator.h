@@ -13,7 +13,10 @@
 // and summary.json lists the event under `failures`. A worker that gets SIGTERM returns
 // its lease and says it leaves (the same, without the wait). A worker may join the running
 // job at any time: it gets the next id, the config and the shard map, and leases data.
-// The evaluator is worker 0, or the lowest live worker once 0 is gone.
+// The evaluator is worker 0, or the lowest live worker once 0 is gone. A server silent
+// past the timeout is listed; with --replicas=2 it is declared dead and its backup
+// promoted: the backup serves the copy of its shards, the workers are redirected in their
+// heartbeat replies, and the end of the job skips it (server/replication.h).
 //
 // Checkpoints (server/checkpoint.h): servers report the clock of each checkpoint they
 // commit; once every server has one and every training worker's lease requests have passed

@@ -25,11 +25,24 @@ RequestKind Classify(const Frames& request) {
         return RequestKind::kChangesState;
       case wire::Header::Body::REPLICATE:
         return RequestKind::kReplicate;
+      case wire::Header::Body::PROMOTE:
+        return RequestKind::kPromote;
       default:
         return RequestKind::kOther;
     }
   } catch (const std::exception&) {
     return RequestKind::kOther;
+  }
+}
+
+int TargetServer(const Frames& request) {
+  if (request.empty()) return -1;
+  Result<DecodedHeader> h = DecodedHeader::Decode(request[0]);
+  if (!h.ok()) return -1;
+  try {
+    return h->get().getTargetServer();
+  } catch (const std::exception&) {
+    return -1;
   }
 }
 
@@ -72,6 +85,12 @@ Frames BackupStore::Handle(Frames& message) {
         FailedPrecondition("server " + std::to_string(self_) + " is not the backup of server " +
                            std::to_string(primary)));
   }
+  if (is_promoted(primary)) {
+    // Aborted fences the old primary (BackupLink::fenced): it must not acknowledge this.
+    return ErrorReply(request_id, self_,
+                      Aborted("server " + std::to_string(self_) +
+                              " already serves the shards of server " + std::to_string(primary)));
+  }
   std::unique_ptr<ServerCore>& shadow = shadows_[primary];
   if (shadow == nullptr) {
     StoreOptions so = store_;
@@ -112,6 +131,7 @@ std::unique_ptr<ServerCore> BackupStore::Release(int primary) {
   if (it == shadows_.end()) return nullptr;
   std::unique_ptr<ServerCore> core = std::move(it->second);
   shadows_.erase(it);
+  promoted_.erase(primary);
   return core;
 }
 
@@ -153,7 +173,9 @@ uint64_t BackupLink::Poll(std::chrono::steady_clock::time_point now) {
     try {
       wire::Header::Reader r = h->get();
       if (r.getBody().which() == wire::Header::Body::ERROR) {
-        MarkDown(StatusFromError(r.getBody().getError()));
+        const Status why = StatusFromError(r.getBody().getError());
+        if (why.code() == StatusCode::kAborted) fenced_ = true;
+        MarkDown(why);
         break;
       }
       const uint64_t seq = r.getRequestId();
@@ -172,5 +194,64 @@ uint64_t BackupLink::Poll(std::chrono::steady_clock::time_point now) {
   }
   return acked_;
 }
+
+Frames BackupStore::HandlePromote(Frames& message) {
+  if (message.empty()) return ErrorReply(0, self_, InvalidArgument("empty promote message"));
+  Result<DecodedHeader> decoded = DecodedHeader::Decode(message[0]);
+  if (!decoded.ok()) return ErrorReply(0, self_, decoded.status());
+  uint64_t request_id = 0;
+  int primary = -1;
+  try {
+    wire::Header::Reader h = decoded->get();
+    request_id = h.getRequestId();
+    if (h.getBody().which() != wire::Header::Body::PROMOTE) {
+      return ErrorReply(request_id, self_, InvalidArgument("not a promote message"));
+    }
+    primary = h.getBody().getPromote().getPrimary();
+  } catch (const std::exception& e) {
+    return ErrorReply(request_id, self_, InvalidArgument(e.what()));
+  }
+  if (primary < 0 || BackupOf(config_, primary) != self_) {
+    return ErrorReply(
+        request_id, self_,
+        FailedPrecondition("server " + std::to_string(self_) + " is not the backup of server " +
+                           std::to_string(primary)));
+  }
+  if (!is_promoted(primary)) {
+    std::unique_ptr<ServerCore>& shadow = shadows_[primary];
+    if (shadow == nullptr) {
+      // The primary died before it forwarded anything: its shards are as they started.
+      StoreOptions so = store_;
+      if (!so.spill_dir.empty()) so.spill_dir += "/backup-of-" + std::to_string(primary);
+      Result<std::unique_ptr<ServerCore>> core = ServerCore::Create(config_, primary, so);
+      if (!core.ok()) {
+        shadows_.erase(primary);
+        return ErrorReply(request_id, self_, core.status());
+      }
+      shadow = std::move(core).value();
+    }
+    promoted_[primary] = shadow.get();
+    LOG(WARNING) << "server " << self_ << ": promoted to serve the shards of server " << primary
+                 << " (without a backup from now on)";
+  }
+  capnp::MallocMessageBuilder b;
+  NewHeader(b, request_id, self_).getBody().setPromoteReply();
+  Frames reply;
+  reply.push_back(EncodeFrame(b));
+  return reply;
+}
+
+ServerCore* BackupStore::promoted(int primary) {
+  auto it = promoted_.find(primary);
+  return it == promoted_.end() ? nullptr : it->second;
+}
+
+std::vector<ServerCore*> BackupStore::promoted_cores() {
+  std::vector<ServerCore*> out;
+  for (const auto& [primary, core] : promoted_) out.push_back(core);
+  return out;
+}
+
+int BackupStore::backup_of_self() const { return BackupOf(config_, self_); }
 
 }  // namespace ps

@@ -7,6 +7,12 @@
 // (exactly-once), because a ServerCore is a deterministic function of the requests it has
 // applied, in order. Pulls are not forwarded (they change nothing).
 //
+// Failover: when primary p dies, the coordinator sends its backup a `promote` message;
+// from then on the backup serves p's shards from the shadow core (requests whose header
+// names targetServer = p), without a backup of their own: a second failure of those
+// shards loses them. Workers learn the new endpoint of p from their heartbeat replies and
+// resend what p had not answered, with the same request ids (worker/kv_client.h).
+//
 // Thread model: BackupStore and BackupLink are not thread-safe; the server's request loop
 // owns both.
 #pragma once
@@ -30,8 +36,12 @@ int BackupOf(const JobConfig& config, int primary);
 // an evict (they go to the backup), kReplicate for a primary's forwarded request, kOther
 // for the rest. A request that does not decode is kOther (the primary refuses it and
 // changes nothing).
-enum class RequestKind { kOther, kChangesState, kReplicate };
+// kPromote: the coordinator's `promote`.
+enum class RequestKind { kOther, kChangesState, kReplicate, kPromote };
 RequestKind Classify(const Frames& request);
+
+// The header's targetServer (-1: none, or a request that does not decode).
+int TargetServer(const Frames& request);
 
 // The message a primary sends its backup: a `replicate` header naming the primary, then
 // copies of the request's frames.
@@ -56,11 +66,25 @@ class BackupStore {
   // Promotion: hands the shadow over to be served as the primary's shards.
   std::unique_ptr<ServerCore> Release(int primary);
 
+  // Applies the coordinator's `promote` message: the shadow of its primary (created empty
+  // when the primary never forwarded anything) is served as that primary's shards from
+  // now on, and later `replicate` messages from it are refused. Answers promoteReply, or an
+  // error (not the backup of that primary, bad message). Promoting twice is a no-op.
+  Frames HandlePromote(Frames& message);
+  // The promoted core serving `primary`'s shards, nullptr when not promoted.
+  ServerCore* promoted(int primary);
+  bool is_promoted(int primary) const { return promoted_.count(primary) > 0; }
+  bool any_promoted() const { return !promoted_.empty(); }
+  std::vector<ServerCore*> promoted_cores();
+  // The server this one forwards its own state changes to (-1: none).
+  int backup_of_self() const;
+
  private:
   JobConfig config_;
   int self_;
   StoreOptions store_;
   std::map<int, std::unique_ptr<ServerCore>> shadows_;
+  std::map<int, ServerCore*> promoted_;  // primary -> its shadow, now served
 };
 
 // The primary side: one connection to the backup. Forwarding is asynchronous so that two
@@ -85,6 +109,13 @@ class BackupLink {
   uint64_t acked() const { return acked_; }
   // After a failure: later requests are not forwarded, held replies may go.
   bool down() const { return down_; }
+  // The backup refused a forward because it was promoted: the coordinator declared this
+  // server dead (e.g. it was stopped, not killed) and the backup serves its shards. This
+  // server must not acknowledge what it applied since: the copy that counts lacks it.
+  bool fenced() const { return fenced_; }
+  // The coordinator declared the backup dead (it promoted it): stop forwarding and release
+  // the held replies now instead of after the timeout.
+  void Abandon(const Status& why) { MarkDown(why); }
   zmq::socket_ref PollHandle() { return socket_->PollHandle(); }
 
  private:
@@ -98,6 +129,7 @@ class BackupLink {
   // When the oldest unacknowledged request was sent (valid while sent_ > acked_).
   std::chrono::steady_clock::time_point oldest_unacked_;
   bool down_ = false;
+  bool fenced_ = false;
 };
 
 }  // namespace ps

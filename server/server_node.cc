@@ -104,11 +104,15 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
   std::vector<Outgoing> ready;
   auto release_acknowledged = [&] {
     const uint64_t acked = backup_link->Poll(ServerCore::Clock::now());
-    while (!held.empty() && (backup_link->down() || held.front().need <= acked)) {
+    const bool fenced = backup_link->fenced();
+    while (!held.empty() && ((backup_link->down() && !fenced) || held.front().need <= acked)) {
       ready.push_back(std::move(held.front().reply));
       held.pop_front();
     }
     send(ready);
+    // Declared dead and replaced: what the backup did not acknowledge is never answered
+    // (the workers resend it to the promoted backup).
+    if (fenced) held.clear();
   };
   uint64_t report_id = 0;
   int64_t checkpoint_asked = -1;
@@ -150,7 +154,54 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
     } else if (in.ok()) {
       const RequestKind kind = (backups != nullptr || backup_link != nullptr) ? Classify(in->frames)
                                                                               : RequestKind::kOther;
-      if (kind == RequestKind::kReplicate) {
+      // After a failover, requests for a dead primary's shards go to its promoted core.
+      ServerCore* promoted = nullptr;
+      if (backups != nullptr && kind != RequestKind::kReplicate) {
+        const int target = TargetServer(in->frames);
+        if (target >= 0 && target != core.server_id()) {
+          promoted = backups->promoted(target);
+          if (promoted == nullptr) {
+            Result<DecodedHeader> h = DecodedHeader::Decode(in->frames[0]);
+            uint64_t rid = 0;
+            try {
+              if (h.ok()) rid = h->get().getRequestId();
+            } catch (const std::exception&) {
+            }
+            std::vector<Outgoing> refused;
+            refused.push_back(Outgoing{
+                in->peer, ErrorReply(rid, core.server_id(),
+                                     Unavailable("server " + std::to_string(core.server_id()) +
+                                                 " does not serve the shards of server " +
+                                                 std::to_string(target)))});
+            send(refused);
+            continue;
+          }
+        }
+      }
+      if (kind == RequestKind::kPromote) {
+        std::vector<Outgoing> ack;
+        ack.push_back(Outgoing{
+            in->peer, backups != nullptr
+                          ? backups->HandlePromote(in->frames)
+                          : ErrorReply(0, core.server_id(), FailedPrecondition("not a backup"))});
+        // The dead primary may be this server's own backup (S = 2): stop waiting on it.
+        if (backups != nullptr && backup_link != nullptr) {
+          for (int p : backups->primaries()) {
+            if (p == backups->backup_of_self() && backups->is_promoted(p)) {
+              backup_link->Abandon(Unavailable("server " + std::to_string(p) +
+                                               " was declared dead by the coordinator"));
+            }
+          }
+        }
+        send(ack);
+      } else if (promoted != nullptr) {
+        // Served without a backup (the backup was the dead primary's only copy); replies go
+        // at once. A held pull's reply comes out of a later clock tick or the expiry below.
+        std::vector<Outgoing> replies;
+        ServerCore::After ignored = ServerCore::After::kContinue;
+        promoted->Handle(in->peer, in->frames, &replies, &ignored);
+        send(replies);
+      } else if (kind == RequestKind::kReplicate) {
         // Acknowledged at once, never held behind this server's own forwards: with two
         // servers backing up each other, holding would make each wait on the other.
         std::vector<Outgoing> ack;
@@ -175,6 +226,13 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
       return in.status();
     }
     core.ExpireHeldPulls(ServerCore::Clock::now(), &out);
+    if (backups != nullptr && backups->any_promoted()) {
+      std::vector<Outgoing> expired;
+      for (ServerCore* p : backups->promoted_cores()) {
+        p->ExpireHeldPulls(ServerCore::Clock::now(), &expired);
+      }
+      send(expired);
+    }
     if (backup_link != nullptr) {
       // Replies leave in order, each once the backup has everything applied before it.
       const uint64_t need = backup_link->down() ? 0 : backup_link->sent();
@@ -191,6 +249,12 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
       }
     }
     send(out);
+    if (backup_link != nullptr && backup_link->fenced()) {
+      LOG(ERROR) << "server " << core.server_id()
+                 << ": the backup was promoted (this server was declared dead); stopping";
+      return FailedPrecondition("server " + std::to_string(core.server_id()) +
+                                " was declared dead and its backup promoted");
+    }
     if (after == ServerCore::After::kShutdown) {
       LOG(INFO) << "server " << core.server_id() << ": shutdown requested";
       return Status::Ok();
@@ -268,8 +332,9 @@ Status RunServer(const ServerOptions& options, Transport* transport,
     // The copies this server holds as a backup, so that they can be checked against their
     // primaries' exports (equal bit for bit: they applied the same requests in order).
     for (int p : backups ? backups->primaries() : std::vector<int>{}) {
-      std::string copy =
-          options.export_dir + "/server-" + std::to_string(p) + ".backup.safetensors";
+      // A promoted copy is that server's model now.
+      std::string copy = options.export_dir + "/server-" + std::to_string(p) +
+                         (backups->is_promoted(p) ? ".safetensors" : ".backup.safetensors");
       Status b = backups->shadow(p)->ExportSafetensors(copy);
       if (!b.ok()) LOG(ERROR) << "server " << reg.id << ": backup export failed: " << b.ToString();
     }

@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -77,6 +78,8 @@ KVClient::KVClient(const JobConfig& config, const KVClientOptions& options)
                       std::vector<uint64_t>(static_cast<size_t>(config.num_servers), 0)) {}
 
 Status KVClient::Start(Transport* transport, const std::vector<std::string>& endpoints) {
+  transport_ = transport;
+  endpoints_ = endpoints;
   for (const std::string& e : endpoints) {
     PS_ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> s, transport->Connect(e));
     sockets_.push_back(std::move(s));
@@ -206,7 +209,9 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
     pulled_version.assign(pulled_versions.begin(), pulled_versions.end());
   }
   auto header = [&](capnp::MallocMessageBuilder& b, uint64_t rid, int server) {
-    auto body = NewHeader(b, rid, options_.client_id).getBody();
+    auto h = NewHeader(b, rid, options_.client_id);
+    h.setTargetServer(server);
+    auto body = h.getBody();
     if (push) {
       auto p = body.initPush();
       p.setTableId(table);
@@ -306,7 +311,8 @@ Ticket KVClient::Enqueue(std::shared_ptr<Request> request, std::vector<std::shar
     // An empty request (zero rows) completes at once, below.
     request->remaining = std::max<int>(1, static_cast<int>(parts.size()));
     requests_[ticket] = request;
-    const bool retry = options_.retry_interval.count() > 0;
+    // The frames are kept for retries, and with replicas for a resend after a failover.
+    const bool retry = options_.retry_interval.count() > 0 || config_.replicas >= 2;
     for (size_t i = 0; i < parts.size(); ++i) {
       parts[i]->ticket = ticket;
       parts[i]->request = request;
@@ -350,7 +356,9 @@ Ticket KVClient::SendClock(bool leave, bool rejoin, Callback done) {
   for (int s = 0; s < config_.num_servers; ++s) {
     uint64_t rid = next_request_id_.fetch_add(1);
     capnp::MallocMessageBuilder b;
-    auto tick = NewHeader(b, rid, options_.client_id).getBody().initClock();
+    auto h = NewHeader(b, rid, options_.client_id);
+    h.setTargetServer(s);
+    auto tick = h.getBody().initClock();
     tick.setClock(clock_.load());
     tick.setLeave(leave);
     Outgoing o{s, {}};
@@ -528,6 +536,7 @@ void KVClient::IoLoop() {
       (void)r;
     }
     if (stopping_.load()) break;
+    ApplyRedirects(items);
     std::vector<Outgoing> outbox;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -560,7 +569,7 @@ void KVClient::IoLoop() {
             it = parts_.erase(it);
             continue;
           }
-          if (!p.frames.empty() && p.next_retry <= now) {
+          if (!p.frames.empty() && options_.retry_interval.count() > 0 && p.next_retry <= now) {
             // No reply yet: the same request (same id) again.
             Outgoing o{p.server, {}};
             for (zmq::message_t& f : p.frames) {
@@ -584,6 +593,63 @@ void KVClient::IoLoop() {
                  DeadlineExceeded("server " + std::to_string(server) + " did not answer within " +
                                   std::to_string(options_.request_timeout.count()) + " ms"));
       }
+    }
+  }
+}
+
+void KVClient::Redirect(int server, const std::string& endpoint) {
+  if (server < 0 || server >= config_.num_servers) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    redirects_.emplace_back(server, endpoint);
+  }
+  Wake();
+}
+
+void KVClient::ApplyRedirects(std::vector<zmq::pollitem_t>& items) {
+  std::vector<std::pair<int, std::string>> redirects;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    redirects.swap(redirects_);
+  }
+  for (auto& [server, endpoint] : redirects) {
+    const size_t s = static_cast<size_t>(server);
+    if (endpoints_[s] == endpoint) continue;
+    Result<std::unique_ptr<ClientSocket>> socket = transport_->Connect(endpoint);
+    if (!socket.ok()) {
+      // Parts to that server time out as they would have; a later redirect may succeed.
+      LOG(ERROR) << "redirect of server " << server << " to " << endpoint << ": "
+                 << socket.status().ToString();
+      continue;
+    }
+    LOG(WARNING) << "server " << server << " failed over: its shards are served at " << endpoint
+                 << " now; resending what it had not answered";
+    sockets_[s] = std::move(socket).value();
+    endpoints_[s] = endpoint;
+    items[s] = {sockets_[s]->PollHandle().handle(), 0, ZMQ_POLLIN, 0};
+    // Everything the dead server had not answered, in request-id order (the order it was
+    // sent in), with the same ids: a push it applied is answered again, not applied twice.
+    std::vector<std::pair<uint64_t, Frames>> resend;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [rid, part] : parts_) {
+        if (part->server != server || part->frames.empty()) continue;
+        Frames f;
+        for (zmq::message_t& m : part->frames) {
+          zmq::message_t c;
+          c.copy(m);
+          f.push_back(std::move(c));
+        }
+        resend.emplace_back(rid, std::move(f));
+        part->next_retry = SteadyClock::now() + options_.retry_interval;
+      }
+      // Parts queued but not yet sent go out below, to the new socket.
+    }
+    std::sort(resend.begin(), resend.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& [rid, frames] : resend) {
+      Status sent = sockets_[s]->Send(std::move(frames));
+      if (!sent.ok()) LOG(WARNING) << "resend to server " << server << ": " << sent.ToString();
     }
   }
 }

@@ -28,6 +28,14 @@
 // random value, so that they are unique per client even when a worker that rejoined reuses
 // a sender id.
 //
+// Failover (--replicas=2, server/replication.h): when a server dies, the coordinator
+// promotes its backup and tells the workers in their heartbeat replies; Redirect(server,
+// endpoint) then connects that server's socket to the backup and resends every part the
+// dead server had not answered, with the same request ids: the promoted copy applied the
+// pushes the dead primary acknowledged, and answers a retried one again without applying
+// it twice. Every request names its target server (header targetServer), so that the
+// backup knows which of its shards copies a request is for.
+//
 // Thread model: all public methods are thread-safe. One internal I/O thread owns the
 // sockets (one DEALER per server); callers hand it requests through a queue and an
 // eventfd wakeup.
@@ -147,6 +155,11 @@ class KVClient {
   // Blocks until the request completes; returns its outcome and forgets the ticket.
   Status Wait(Ticket ticket, RequestInfo* info = nullptr);
 
+  // Server `server`'s shards are now served at `endpoint` (a failover): reconnects and
+  // resends the parts not yet answered, on the I/O thread. Redirecting to the endpoint
+  // already in use does nothing, so a caller may repeat it.
+  void Redirect(int server, const std::string& endpoint);
+
   KVClientStats stats() const;
   // The request id the next request part will carry (for tests).
   uint64_t next_request_id() const { return next_request_id_.load(); }
@@ -179,7 +192,13 @@ class KVClient {
   const KVClientOptions options_;
   const ShardMap shard_map_;
 
+  // Applies the redirects queued by Redirect (I/O thread).
+  void ApplyRedirects(std::vector<zmq::pollitem_t>& items);
+
+  Transport* transport_ = nullptr;
   std::vector<std::unique_ptr<ClientSocket>> sockets_;  // owned by the I/O thread after Start
+  std::vector<std::string> endpoints_;                  // by server; owned by the I/O thread
+  std::vector<std::pair<int, std::string>> redirects_;  // queued by Redirect; guarded by mu_
   int wake_fd_ = -1;
   std::thread io_thread_;
   std::atomic<bool> stopping_{false};

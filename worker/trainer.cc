@@ -510,7 +510,8 @@ std::string GroupDevice(const Kernels& kernels) {
 // Everything after registration. *done_sent tells the caller whether the coordinator
 // already heard from this worker.
 Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
-             Transport* transport, const std::atomic<bool>& stop, json* totals, bool* done_sent) {
+             Transport* transport, const std::atomic<bool>& stop, json* totals, bool* done_sent,
+             HeartbeatSender* heartbeat) {
   const JobConfig& config = reg.config;
   // With --batch_size=auto a worker's batch follows its share of the job's throughput, at
   // most every worker's batches together.
@@ -548,6 +549,19 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
   CoordinatorSink sink(reg.coordinator.get(), reg.id);
   if (metrics) sink.SetMetrics(&*metrics, client.get());
   CoordinatorChunkSource chunks(reg.coordinator.get());
+  // Failover (--replicas=2): heartbeat replies name the servers whose shards moved. The
+  // guard unhooks the client before it is destroyed.
+  if (heartbeat != nullptr) {
+    heartbeat->SetRedirectHandler([c = client.get()](int server, const std::string& endpoint) {
+      c->Redirect(server, endpoint);
+    });
+  }
+  struct UnhookRedirects {
+    HeartbeatSender* h;
+    ~UnhookRedirects() {
+      if (h != nullptr) h->SetRedirectHandler(nullptr);
+    }
+  } unhook_redirects{heartbeat};
   TrainingLoop loop(config, reg.id, client.get(), model.get(), &sink, &chunks,
                     kernels->DeviceName(), options.slowdown, options.batch_size, options.prefetch);
   LOG(INFO) << "prefetch " << (loop.prefetching() ? "on" : "off")
@@ -644,7 +658,8 @@ Status RunWorker(const WorkerOptions& options, Transport* transport,
                       HeartbeatSender::Start(transport, hopt));
   json totals = json::object();
   bool done_sent = false;
-  Status s = Train(reg, kernels.get(), options, transport, stop, &totals, &done_sent);
+  Status s =
+      Train(reg, kernels.get(), options, transport, stop, &totals, &done_sent, heartbeat.get());
   if (!s.ok() && !done_sent) {
     // Tell the coordinator, so that the job ends instead of waiting for this worker.
     Status told = SendDone(*reg.coordinator, reg.id, totals, s, stop);

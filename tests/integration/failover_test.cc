@@ -259,5 +259,86 @@ TEST_F(FailoverTest, WithTwoReplicasEachBackupEndsEqualToItsPrimary) {
   }
 }
 
+// --replicas=2: kill -9 a primary server mid-training. The coordinator declares it dead,
+// promotes its backup (server 1 serves server 0's shards from its copy), the worker is
+// redirected in its heartbeat replies and resends what server 0 had not answered, and the
+// job completes. BSP with one worker is deterministic (same data order, same request order
+// on each shard, exactly-once pushes), so the final test loss equals, bit for bit, that of
+// the same job without the kill: no acknowledged push was lost and none applied twice.
+TEST_F(FailoverTest, AKilledPrimaryServerFailsOverToItsBackup) {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::vector<std::string> job = {"--num_servers=2",
+                                        "--num_workers=1",
+                                        "--epochs=2",
+                                        "--mlp_layers=784,32,10",
+                                        "--staleness=0",
+                                        "--replicas=2",
+                                        "--chunk_examples=4096",
+                                        "--base_lr=0.1",
+                                        "--report_every_seconds=0.2",
+                                        "--heartbeat_timeout=" + std::to_string(kHeartbeatTimeout)};
+  auto start = [&] {
+    deadline_ = itest::DeadlineIn(kJobTimeout);
+    servers_.clear();
+    workers_.clear();
+    Result<itest::ChildProcess> c = StartCoordinator(job, deadline_, &endpoint_);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    coordinator_.emplace(std::move(c).value());
+    for (int s = 0; s < 2; ++s) {
+      Result<itest::ChildProcess> p = StartServer(s, endpoint_, {"--id=" + std::to_string(s)});
+      ASSERT_TRUE(p.ok()) << p.status().ToString();
+      servers_.push_back(std::move(p).value());
+    }
+    StartWorker(0);
+  };
+
+  // The reference: the same job, nothing killed.
+  ASSERT_NO_FATAL_FAILURE(start());
+  const json reference = FinishJob();
+  ExpectCleanExit(workers_[0], "worker", deadline_);
+  for (auto& s : servers_) ExpectCleanExit(s, "server", deadline_);
+  ASSERT_EQ(reference.value("status", ""), "ok");
+  std::filesystem::rename(RunDir(), RunDir() + "-reference");
+
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_TRUE(WaitForTraining(0)) << "worker 0 never trained";
+  const double killed_at = UnixNow();
+  ASSERT_EQ(kill(servers_[0].pid(), SIGKILL), 0);
+  json summary = FinishJob();
+  ExpectCleanExit(workers_[0], "worker", deadline_);
+  ExpectCleanExit(servers_[1], "server 1", deadline_);
+  Result<int> rc = servers_[0].WaitExit(deadline_);
+  EXPECT_TRUE(rc.ok()) << rc.status().ToString();
+
+  json f;
+  for (const json& e : summary.value("failures", json::array())) {
+    if (e.value("kind", "") == "server_lost" && e.value("server", -1) == 0) f = e;
+  }
+  ASSERT_TRUE(f.is_object()) << "server 0's death is not listed: " << summary.dump();
+  EXPECT_EQ(f.value("promoted", -1), 1) << f.dump();
+  const double detection = f.value("unix_time", 0.0) - killed_at;
+  const double failover = f.value("promoted_unix_time", 0.0) - killed_at;
+  std::printf(
+      "server kill -9: detected after %.2f s, backup promoted after %.2f s (heartbeat_timeout "
+      "%.1f s); test loss %.9g (without the kill %.9g)\n",
+      detection, failover, kHeartbeatTimeout, summary.value("test_loss", 0.0),
+      reference.value("test_loss", 0.0));
+  EXPECT_GT(detection, 0);
+  EXPECT_LE(detection, kHeartbeatTimeout + kDetectionSlack);
+  EXPECT_GE(failover, detection - 0.5);
+  EXPECT_LE(failover, kHeartbeatTimeout + kDetectionSlack + 1.0);
+  ExpectEveryEpochCoveredOnce(summary, 2);
+  EXPECT_EQ(summary["servers"][0].value("state", ""), "lost") << summary["servers"].dump();
+  EXPECT_EQ(summary["servers"][0].value("served_by", -1), 1);
+  // Bit for bit: the same pushes, each applied once, in the same order on each shard.
+  EXPECT_EQ(summary.value("test_loss", 0.0), reference.value("test_loss", 1.0));
+  EXPECT_EQ(summary.value("test_accuracy", 0.0), reference.value("test_accuracy", 1.0));
+  EXPECT_GT(summary.value("test_accuracy", 0.0), 0.5) << "the model trained";
+  // The worker was redirected and resent what server 0 had not answered.
+  Result<std::string> worker_log = itest::ReadFile(dir_.Join("worker-0.log"));
+  ASSERT_TRUE(worker_log.ok()) << worker_log.status().ToString();
+  EXPECT_NE(worker_log->find("server 0 failed over"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace ps

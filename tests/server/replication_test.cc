@@ -119,6 +119,56 @@ TEST(ReplicationTest, ForwardedPushesLeaveTheBackupEqualToThePrimary) {
   EXPECT_EQ(backup.shadow(0), nullptr);
 }
 
+Frames PromoteMessage(uint64_t rid, int primary) {
+  capnp::MallocMessageBuilder b;
+  NewHeader(b, rid, -1).getBody().initPromote().setPrimary(primary);
+  Frames f;
+  f.push_back(EncodeFrame(b));
+  return f;
+}
+
+TEST(ReplicationTest, APromotedShadowIsServedAndRefusesLaterForwards) {
+  const JobConfig config = TwoServers();
+  std::unique_ptr<ServerCore> primary = ServerCore::Create(config, 0).value();
+  BackupStore backup(config, 1);
+  uint64_t seq = 0;
+  const std::vector<uint64_t> sparse = {7};
+  ApplyBoth(*primary, backup, KeyPush(1, 1, sparse, {0.5f, -1}), &seq);
+  EXPECT_FALSE(backup.any_promoted());
+  EXPECT_EQ(backup.promoted(0), nullptr);
+
+  // Only the backup of server 0 may be promoted for it.
+  BackupStore other(config, 0);
+  Frames wrong = PromoteMessage(2, 0);
+  EXPECT_EQ(ReplyStatus(other.HandlePromote(wrong)).code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(other.any_promoted());
+
+  Frames promote = PromoteMessage(3, 0);
+  Frames reply = backup.HandlePromote(promote);
+  ASSERT_TRUE(ReplyStatus(reply).ok()) << ReplyStatus(reply).ToString();
+  EXPECT_EQ(ReplyHeader(reply).get().getBody().which(), wire::Header::Body::PROMOTE_REPLY);
+  ServerCore* served = backup.promoted(0);
+  ASSERT_NE(served, nullptr);
+  EXPECT_EQ(served, backup.shadow(0));
+  EXPECT_EQ(backup.backup_of_self(), 0);
+  EXPECT_EQ(Rows(*served, 1, sparse), Rows(*primary, 1, sparse));
+  // Promoting again is a no-op; a forward from the dead primary is refused.
+  Frames again = PromoteMessage(4, 0);
+  EXPECT_TRUE(ReplyStatus(backup.HandlePromote(again)).ok());
+  EXPECT_EQ(backup.promoted(0), served);
+  Frames late = WrapForBackup(0, ++seq, KeyPush(5, 1, sparse, {1, 1}));
+  EXPECT_EQ(ReplyStatus(backup.Handle(late)).code(), StatusCode::kAborted)
+      << "Aborted fences the old primary";
+  EXPECT_EQ(Rows(*served, 1, sparse), Rows(*primary, 1, sparse));
+
+  // A primary that never forwarded anything: its shards are served as they started.
+  BackupStore fresh(config, 1);
+  Frames first = PromoteMessage(6, 0);
+  ASSERT_TRUE(ReplyStatus(fresh.HandlePromote(first)).ok());
+  ASSERT_NE(fresh.promoted(0), nullptr);
+  EXPECT_EQ(fresh.promoted(0)->server_id(), 0);
+}
+
 TEST(ReplicationTest, ABackupRefusesWhatIsNotItsPrimarysAndBadMessages) {
   const JobConfig config = TwoServers();
   BackupStore backup(config, 0);  // backs up server 1 only
@@ -271,6 +321,55 @@ TEST_F(ReplicatedPairTest, APrimaryWaitsForItsBackupThenGoesOnAlone) {
   StopServer(0);
   EXPECT_EQ(core_[0]->stats().pushes_applied, 1u);
   EXPECT_TRUE(link_[0]->down());
+}
+
+// Failover: once the coordinator promoted server 1 for server 0, a push that reaches the
+// old primary (stopped, not dead, and back) is refused by the backup; the old primary is
+// fenced: it never acknowledges that push and stops. The worker's resend to the promoted
+// copy (same request id, target server 0) is applied there once.
+// A request's header with targetServer set (as a KVClient sends it).
+Frames ForServer(Frames request, int target) {
+  Result<DecodedHeader> h = DecodedHeader::Decode(request[0]);
+  EXPECT_TRUE(h.ok());
+  capnp::MallocMessageBuilder b;
+  b.setRoot(h->get());
+  b.getRoot<wire::Header>().setTargetServer(target);
+  request[0] = EncodeFrame(b);
+  return request;
+}
+
+TEST_F(ReplicatedPairTest, APromotedBackupFencesTheOldPrimary) {
+  Start(4.0);
+  std::unique_ptr<ClientSocket> coordinator =
+      transport_.Connect(listen_[1]->BoundEndpoint()).value();
+  const std::vector<uint64_t> dense = DenseKeys(config_, 0);
+  std::vector<float> g(dense.size() * 3, 0.5f);
+  // Before a promotion, server 1 refuses requests for server 0's shards.
+  Result<CallReply> early = Call(
+      *coordinator, ForServer(VersionedPush(5, 0, dense.front(), dense.back() + 1, g, 0, 0, 0), 0),
+      std::chrono::seconds(10));
+  EXPECT_EQ(early.status().code(), StatusCode::kUnavailable) << early.status().ToString();
+  Result<CallReply> promoted = Call(*coordinator, PromoteMessage(1, 0), std::chrono::seconds(10));
+  ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
+  EXPECT_EQ(promoted->header.get().getBody().which(), wire::Header::Body::PROMOTE_REPLY);
+
+  ASSERT_TRUE(client_->Send(VersionedPush(7, 0, dense.front(), dense.back() + 1, g, 0, 0, 0)).ok());
+  Result<Frames> answered = client_->Recv(std::chrono::milliseconds(1500));
+  EXPECT_FALSE(answered.ok()) << "a fenced primary acknowledges nothing";
+  threads_[0].join();
+  EXPECT_EQ(result_[0].code(), StatusCode::kFailedPrecondition) << result_[0].ToString();
+  EXPECT_TRUE(link_[0]->fenced());
+
+  // The worker's resend, redirected: the promoted copy applies it.
+  Frames resend = ForServer(VersionedPush(7, 0, dense.front(), dense.back() + 1, g, 0, 0, 0), 0);
+  std::unique_ptr<ClientSocket> worker = transport_.Connect(listen_[1]->BoundEndpoint()).value();
+  Result<CallReply> applied = Call(*worker, std::move(resend), std::chrono::seconds(10));
+  ASSERT_TRUE(applied.ok()) << applied.status().ToString();
+  EXPECT_EQ(applied->header.get().getBody().which(), wire::Header::Body::PUSH_REPLY);
+  StopServer(1);
+  ASSERT_NE(backups_[1]->promoted(0), nullptr);
+  EXPECT_EQ(backups_[1]->promoted(0)->stats().pushes_applied, 1u);
+  EXPECT_EQ(core_[1]->stats().pushes_applied, 0u) << "server 1's own shards are untouched";
 }
 
 }  // namespace

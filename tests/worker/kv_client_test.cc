@@ -251,6 +251,55 @@ TEST(KVClientRetryTest, ALostReplyIsRetriedWithTheSameIdAndAppliedOnce) {
   EXPECT_EQ(core->ReadRow(0, 0).value(), std::vector<float>({-1.0f, -1.0f}));
 }
 
+// Failover: a server that never answers is replaced by another endpoint (its promoted
+// backup); Redirect resends the unanswered part there at once, with the same request id
+// and the target server named in the header.
+TEST(KVClientRetryTest, ARedirectResendsUnansweredPartsWithTheSameIds) {
+  Transport transport;
+  JobConfig config = JobConfig::FromFlagMap({{"model", "none"},
+                                             {"tables", "d:4:2:zeros"},
+                                             {"num_servers", "1"},
+                                             {"staleness", "-1"},
+                                             {"base_lr", "1"}})
+                         .value();
+  auto dead = transport.Listen("inproc://kv_client_dead_server").value();
+  auto backup = transport.Listen("inproc://kv_client_promoted_backup").value();
+  auto core = ServerCore::Create(config, 0).value();
+  KVClientOptions o;
+  o.request_timeout = std::chrono::seconds(20);
+  o.retry_interval = std::chrono::seconds(60);  // no retry within the test: only the redirect
+  auto client = KVClient::Create(&transport, config, {dead->BoundEndpoint()}, o).value();
+  std::vector<float> grad(8, 1.0f);
+  const Ticket t = client->PushRange(0, RowRange{0, 4}, grad);
+  // The dead server got the push and never answers.
+  Result<Incoming> lost = dead->Recv(std::chrono::seconds(10));
+  ASSERT_TRUE(lost.ok()) << lost.status().ToString();
+  const uint64_t id = DecodedHeader::Decode(lost->frames[0]).value().get().getRequestId();
+  client->Redirect(0, backup->BoundEndpoint());
+  client->Redirect(0, backup->BoundEndpoint());  // repeated (every heartbeat): no-op
+  Result<Incoming> in = backup->Recv(std::chrono::seconds(10));
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  DecodedHeader h = DecodedHeader::Decode(in->frames[0]).value();
+  EXPECT_EQ(h.get().getRequestId(), id) << "the same request id";
+  EXPECT_EQ(h.get().getTargetServer(), 0) << "the header names the target server";
+  std::vector<Outgoing> out;
+  ServerCore::After after;
+  core->Handle(in->peer, in->frames, &out, &after);
+  for (Outgoing& r : out) ASSERT_TRUE(backup->Send(r.peer, std::move(r.frames)).ok());
+  EXPECT_TRUE(client->Wait(t).ok());
+  EXPECT_EQ(core->ReadRow(0, 0).value(), std::vector<float>({-1.0f, -1.0f}));
+  // Later requests go to the new endpoint.
+  std::vector<float> rows(8);
+  const Ticket pull = client->PullRange(0, RowRange{0, 4}, rows);
+  in = backup->Recv(std::chrono::seconds(10));
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  out.clear();
+  core->Handle(in->peer, in->frames, &out, &after);
+  for (Outgoing& r : out) ASSERT_TRUE(backup->Send(r.peer, std::move(r.frames)).ok());
+  EXPECT_TRUE(client->Wait(pull).ok());
+  EXPECT_EQ(rows[0], -1.0f);
+}
+
 TEST(KVClientRetryTest, RequestIdsStartAtRandom) {
   Transport transport;
   JobConfig config =
