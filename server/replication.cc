@@ -63,28 +63,42 @@ BackupStore::BackupStore(JobConfig config, int self, StoreOptions store)
   config_.checkpoint_every_seconds = 0;
 }
 
-Frames BackupStore::Handle(Frames& message) {
-  if (message.size() < 2) return ErrorReply(0, self_, InvalidArgument("empty replicate message"));
+std::optional<Frames> BackupStore::Address(const Frames& message, wire::Header::Body::Which which,
+                                           size_t min_frames, Addressed* to) const {
+  const char* what = which == wire::Header::Body::REPLICATE ? "replicate" : "promote";
+  if (message.size() < min_frames) {
+    return ErrorReply(0, self_, InvalidArgument(std::string("empty ") + what + " message"));
+  }
   Result<DecodedHeader> decoded = DecodedHeader::Decode(message[0]);
   if (!decoded.ok()) return ErrorReply(0, self_, decoded.status());
-  uint64_t request_id = 0;
-  int primary = -1;
   try {
     wire::Header::Reader h = decoded->get();
-    request_id = h.getRequestId();
-    if (h.getBody().which() != wire::Header::Body::REPLICATE) {
-      return ErrorReply(request_id, self_, InvalidArgument("not a replicate message"));
+    to->request_id = h.getRequestId();
+    if (h.getBody().which() != which) {
+      return ErrorReply(to->request_id, self_,
+                        InvalidArgument(std::string("not a ") + what + " message"));
     }
-    primary = h.getBody().getReplicate().getPrimary();
+    to->primary = which == wire::Header::Body::REPLICATE ? h.getBody().getReplicate().getPrimary()
+                                                         : h.getBody().getPromote().getPrimary();
   } catch (const std::exception& e) {
-    return ErrorReply(request_id, self_, InvalidArgument(e.what()));
+    return ErrorReply(to->request_id, self_, InvalidArgument(e.what()));
   }
-  if (primary < 0 || BackupOf(config_, primary) != self_) {
+  if (to->primary < 0 || BackupOf(config_, to->primary) != self_) {
     return ErrorReply(
-        request_id, self_,
+        to->request_id, self_,
         FailedPrecondition("server " + std::to_string(self_) + " is not the backup of server " +
-                           std::to_string(primary)));
+                           std::to_string(to->primary)));
   }
+  return std::nullopt;
+}
+
+Frames BackupStore::Handle(Frames& message) {
+  Addressed to;
+  if (std::optional<Frames> error = Address(message, wire::Header::Body::REPLICATE, 2, &to)) {
+    return std::move(*error);
+  }
+  const uint64_t request_id = to.request_id;
+  const int primary = to.primary;
   if (is_promoted(primary)) {
     // Aborted fences the old primary (BackupLink::fenced): it must not acknowledge this.
     return ErrorReply(request_id, self_,
@@ -196,27 +210,12 @@ uint64_t BackupLink::Poll(std::chrono::steady_clock::time_point now) {
 }
 
 Frames BackupStore::HandlePromote(Frames& message) {
-  if (message.empty()) return ErrorReply(0, self_, InvalidArgument("empty promote message"));
-  Result<DecodedHeader> decoded = DecodedHeader::Decode(message[0]);
-  if (!decoded.ok()) return ErrorReply(0, self_, decoded.status());
-  uint64_t request_id = 0;
-  int primary = -1;
-  try {
-    wire::Header::Reader h = decoded->get();
-    request_id = h.getRequestId();
-    if (h.getBody().which() != wire::Header::Body::PROMOTE) {
-      return ErrorReply(request_id, self_, InvalidArgument("not a promote message"));
-    }
-    primary = h.getBody().getPromote().getPrimary();
-  } catch (const std::exception& e) {
-    return ErrorReply(request_id, self_, InvalidArgument(e.what()));
+  Addressed to;
+  if (std::optional<Frames> error = Address(message, wire::Header::Body::PROMOTE, 1, &to)) {
+    return std::move(*error);
   }
-  if (primary < 0 || BackupOf(config_, primary) != self_) {
-    return ErrorReply(
-        request_id, self_,
-        FailedPrecondition("server " + std::to_string(self_) + " is not the backup of server " +
-                           std::to_string(primary)));
-  }
+  const uint64_t request_id = to.request_id;
+  const int primary = to.primary;
   if (!is_promoted(primary)) {
     std::unique_ptr<ServerCore>& shadow = shadows_[primary];
     if (shadow == nullptr) {

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "common/job_config.h"
@@ -80,6 +81,16 @@ class BackupStore {
   int backup_of_self() const;
 
  private:
+  // A replicate or promote message's request id and primary.
+  struct Addressed {
+    uint64_t request_id = 0;
+    int primary = -1;
+  };
+  // Decodes `message` (a `which` with at least `min_frames` frames) addressed to a primary
+  // this server backs up into *to; or the error reply to send.
+  std::optional<Frames> Address(const Frames& message, wire::Header::Body::Which which,
+                                size_t min_frames, Addressed* to) const;
+
   JobConfig config_;
   int self_;
   StoreOptions store_;
