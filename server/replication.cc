@@ -92,6 +92,22 @@ std::optional<Frames> BackupStore::Address(const Frames& message, wire::Header::
   return std::nullopt;
 }
 
+Result<ServerCore*> BackupStore::Shadow(int primary) {
+  std::unique_ptr<ServerCore>& shadow = shadows_[primary];
+  if (shadow == nullptr) {
+    StoreOptions so = store_;
+    if (!so.spill_dir.empty()) so.spill_dir += "/backup-of-" + std::to_string(primary);
+    Result<std::unique_ptr<ServerCore>> core = ServerCore::Create(config_, primary, so);
+    if (!core.ok()) {
+      shadows_.erase(primary);
+      return core.status();
+    }
+    shadow = std::move(core).value();
+    LOG(INFO) << "server " << self_ << ": backing up the shards of server " << primary;
+  }
+  return shadow.get();
+}
+
 Frames BackupStore::Handle(Frames& message) {
   Addressed to;
   if (std::optional<Frames> error = Address(message, wire::Header::Body::REPLICATE, 2, &to)) {
@@ -105,23 +121,13 @@ Frames BackupStore::Handle(Frames& message) {
                       Aborted("server " + std::to_string(self_) +
                               " already serves the shards of server " + std::to_string(primary)));
   }
-  std::unique_ptr<ServerCore>& shadow = shadows_[primary];
-  if (shadow == nullptr) {
-    StoreOptions so = store_;
-    if (!so.spill_dir.empty()) so.spill_dir += "/backup-of-" + std::to_string(primary);
-    Result<std::unique_ptr<ServerCore>> core = ServerCore::Create(config_, primary, so);
-    if (!core.ok()) {
-      shadows_.erase(primary);
-      return ErrorReply(request_id, self_, core.status());
-    }
-    shadow = std::move(core).value();
-    LOG(INFO) << "server " << self_ << ": backing up the shards of server " << primary;
-  }
+  Result<ServerCore*> shadow = Shadow(primary);
+  if (!shadow.ok()) return ErrorReply(request_id, self_, shadow.status());
   Frames request(std::make_move_iterator(message.begin() + 1),
                  std::make_move_iterator(message.end()));
   std::vector<Outgoing> dropped;
   ServerCore::After after = ServerCore::After::kContinue;
-  shadow->Handle("primary", request, &dropped, &after);
+  (*shadow)->Handle("primary", request, &dropped, &after);
   capnp::MallocMessageBuilder b;
   NewHeader(b, request_id, self_).getBody().setReplicateReply();
   Frames reply;
@@ -217,19 +223,10 @@ Frames BackupStore::HandlePromote(Frames& message) {
   const uint64_t request_id = to.request_id;
   const int primary = to.primary;
   if (!is_promoted(primary)) {
-    std::unique_ptr<ServerCore>& shadow = shadows_[primary];
-    if (shadow == nullptr) {
-      // The primary died before it forwarded anything: its shards are as they started.
-      StoreOptions so = store_;
-      if (!so.spill_dir.empty()) so.spill_dir += "/backup-of-" + std::to_string(primary);
-      Result<std::unique_ptr<ServerCore>> core = ServerCore::Create(config_, primary, so);
-      if (!core.ok()) {
-        shadows_.erase(primary);
-        return ErrorReply(request_id, self_, core.status());
-      }
-      shadow = std::move(core).value();
-    }
-    promoted_[primary] = shadow.get();
+    // A primary that died before it forwarded anything: its shards are as they started.
+    Result<ServerCore*> shadow = Shadow(primary);
+    if (!shadow.ok()) return ErrorReply(request_id, self_, shadow.status());
+    promoted_[primary] = *shadow;
     LOG(WARNING) << "server " << self_ << ": promoted to serve the shards of server " << primary
                  << " (without a backup from now on)";
   }

@@ -90,6 +90,9 @@ class BackupStore {
   // this server backs up into *to; or the error reply to send.
   std::optional<Frames> Address(const Frames& message, wire::Header::Body::Which which,
                                 size_t min_frames, Addressed* to) const;
+  // The copy of `primary`'s shards, created (as the job starts them, or restored from the
+  // job's checkpoint) on first use.
+  Result<ServerCore*> Shadow(int primary);
 
   JobConfig config_;
   int self_;

@@ -37,6 +37,41 @@ class CheckpointJobTest : public itest::JobTest {
     for (std::string& f : SecurityFlags()) argv.push_back(std::move(f));
     return ChildProcess::Spawn(argv, dir_.Join("server-0.log"));
   }
+
+  // train.svm (2000 examples, 1000 features) and test.svm (500) in the test's directory.
+  void MakeSparseData(itest::Deadline deadline) {
+    Result<ChildProcess> gen = ChildProcess::Spawn(
+        {itest::BinaryPath("ps_make_sparse_data"), "--features=1000", "--examples=2000", "--nnz=10",
+         "--seed=7", "--out=" + dir_.Join("train.svm"), "--test_out=" + dir_.Join("test.svm"),
+         "--test_examples=500"},
+        dir_.Join("gen.log"));
+    ASSERT_TRUE(gen.ok()) << gen.status().ToString();
+    Result<int> gen_rc = gen->WaitExit(deadline);
+    ASSERT_TRUE(gen_rc.ok() && *gen_rc == 0);
+  }
+
+  // Sparse LR on that data, 1 worker, BSP, 4 epochs, a checkpoint every epoch: 2000
+  // examples in batches of 100 are 20 clocks an epoch, so clock 20k ends epoch k.
+  std::vector<std::string> SparseLrJob(const std::string& ckpt) {
+    return {"--model=sparse_lr",
+            "--train_data=" + dir_.Join("train.svm"),
+            "--test_data=" + dir_.Join("test.svm"),
+            "--hash_features=false",
+            "--num_servers=1",
+            "--num_workers=1",
+            "--staleness=0",
+            "--epochs=4",
+            "--batch_size=100",
+            "--chunk_examples=500",
+            "--optimizer=adagrad",
+            "--base_lr=0.2",
+            "--lr_policy=exp",
+            "--gamma=0.99",
+            "--epsilon=1e-6",
+            "--report_every_seconds=1e-6",
+            "--checkpoint_every=20",
+            "--checkpoint_dir=" + ckpt};
+  }
 };
 
 constexpr uint32_t kWidth = 4;
@@ -208,34 +243,9 @@ TEST_F(CheckpointJobTest, CheckpointsBySecondsMakeWholeSetsAcrossServers) {
 // the remaining epochs only, and end with the uninterrupted run's model.
 TEST_F(CheckpointJobTest, RestartedJobResumesAtTheRecordedEpochClockAndLearningRate) {
   const Deadline deadline = DeadlineIn(std::chrono::seconds(80));
-  Result<ChildProcess> gen = ChildProcess::Spawn(
-      {itest::BinaryPath("ps_make_sparse_data"), "--features=1000", "--examples=2000", "--nnz=10",
-       "--seed=7", "--out=" + dir_.Join("train.svm"), "--test_out=" + dir_.Join("test.svm"),
-       "--test_examples=500"},
-      dir_.Join("gen.log"));
-  ASSERT_TRUE(gen.ok()) << gen.status().ToString();
-  Result<int> gen_rc = gen->WaitExit(deadline);
-  ASSERT_TRUE(gen_rc.ok() && *gen_rc == 0);
+  ASSERT_NO_FATAL_FAILURE(MakeSparseData(deadline));
   const std::string ckpt = dir_.Join("checkpoints");
-  // 2000 examples in batches of 100: 20 clocks an epoch, so clock 20k ends epoch k.
-  const std::vector<std::string> job = {"--model=sparse_lr",
-                                        "--train_data=" + dir_.Join("train.svm"),
-                                        "--test_data=" + dir_.Join("test.svm"),
-                                        "--hash_features=false",
-                                        "--num_servers=1",
-                                        "--num_workers=1",
-                                        "--staleness=0",
-                                        "--epochs=4",
-                                        "--batch_size=100",
-                                        "--chunk_examples=500",
-                                        "--optimizer=adagrad",
-                                        "--base_lr=0.2",
-                                        "--lr_policy=exp",
-                                        "--gamma=0.99",
-                                        "--epsilon=1e-6",
-                                        "--report_every_seconds=1e-6",
-                                        "--checkpoint_every=20",
-                                        "--checkpoint_dir=" + ckpt};
+  const std::vector<std::string> job = SparseLrJob(ckpt);
   auto run_job = [&](const std::vector<std::string>& flags, const std::string& export_dir) {
     std::string endpoint;
     Result<ChildProcess> coordinator = StartCoordinator(flags, deadline, &endpoint);
@@ -329,33 +339,9 @@ TEST_F(CheckpointJobTest, RestartedJobResumesAtTheRecordedEpochClockAndLearningR
 // and trains the remaining epochs only.
 TEST_F(CheckpointJobTest, KilledJobRestartsAtTheLatestRecordedSet) {
   const Deadline deadline = DeadlineIn(std::chrono::seconds(100));
-  Result<ChildProcess> gen = ChildProcess::Spawn(
-      {itest::BinaryPath("ps_make_sparse_data"), "--features=1000", "--examples=2000", "--nnz=10",
-       "--seed=7", "--out=" + dir_.Join("train.svm"), "--test_out=" + dir_.Join("test.svm"),
-       "--test_examples=500"},
-      dir_.Join("gen.log"));
-  ASSERT_TRUE(gen.ok()) << gen.status().ToString();
-  Result<int> gen_rc = gen->WaitExit(deadline);
-  ASSERT_TRUE(gen_rc.ok() && *gen_rc == 0);
+  ASSERT_NO_FATAL_FAILURE(MakeSparseData(deadline));
   const std::string ckpt = dir_.Join("checkpoints");
-  std::vector<std::string> job = {"--model=sparse_lr",
-                                  "--train_data=" + dir_.Join("train.svm"),
-                                  "--test_data=" + dir_.Join("test.svm"),
-                                  "--hash_features=false",
-                                  "--num_servers=1",
-                                  "--num_workers=1",
-                                  "--staleness=0",
-                                  "--epochs=4",
-                                  "--batch_size=100",
-                                  "--chunk_examples=500",
-                                  "--optimizer=adagrad",
-                                  "--base_lr=0.2",
-                                  "--lr_policy=exp",
-                                  "--gamma=0.99",
-                                  "--epsilon=1e-6",
-                                  "--report_every_seconds=1e-6",
-                                  "--checkpoint_every=20",
-                                  "--checkpoint_dir=" + ckpt};
+  std::vector<std::string> job = SparseLrJob(ckpt);
   auto start = [&](const std::vector<std::string>& flags, const std::string& slowdown,
                    std::vector<ChildProcess>* procs) {
     std::string endpoint;
