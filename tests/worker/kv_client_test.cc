@@ -205,16 +205,22 @@ TEST(KVClientTimeoutTest, UnansweredRequestsTimeOut) {
   EXPECT_LT(secs, 10.0);
 }
 
+// One server, a 4x2 table of zeros, SGD at rate 1, no staleness bound: the model is the
+// sum of the pushes applied.
+JobConfig RetryTestConfig() {
+  return JobConfig::FromFlagMap({{"model", "none"},
+                                 {"tables", "d:4:2:zeros"},
+                                 {"num_servers", "1"},
+                                 {"staleness", "-1"},
+                                 {"base_lr", "1"}})
+      .value();
+}
+
 // A push whose reply is lost is sent again with the same request id; the server applies it
 // once and answers the retry.
 TEST(KVClientRetryTest, ALostReplyIsRetriedWithTheSameIdAndAppliedOnce) {
   Transport transport;
-  JobConfig config = JobConfig::FromFlagMap({{"model", "none"},
-                                             {"tables", "d:4:2:zeros"},
-                                             {"num_servers", "1"},
-                                             {"staleness", "-1"},
-                                             {"base_lr", "1"}})
-                         .value();
+  JobConfig config = RetryTestConfig();
   auto core = ServerCore::Create(config, 0).value();
   auto socket = transport.Listen("inproc://kv_client_retry_test").value();
   std::vector<uint64_t> ids;  // request ids the server saw
@@ -256,12 +262,7 @@ TEST(KVClientRetryTest, ALostReplyIsRetriedWithTheSameIdAndAppliedOnce) {
 // and the target server named in the header.
 TEST(KVClientRetryTest, ARedirectResendsUnansweredPartsWithTheSameIds) {
   Transport transport;
-  JobConfig config = JobConfig::FromFlagMap({{"model", "none"},
-                                             {"tables", "d:4:2:zeros"},
-                                             {"num_servers", "1"},
-                                             {"staleness", "-1"},
-                                             {"base_lr", "1"}})
-                         .value();
+  JobConfig config = RetryTestConfig();
   auto dead = transport.Listen("inproc://kv_client_dead_server").value();
   auto backup = transport.Listen("inproc://kv_client_promoted_backup").value();
   auto core = ServerCore::Create(config, 0).value();
