@@ -7,9 +7,10 @@
 #                    [-- extra job flags]
 #
 # --every: seconds between kills (default 8); --workers: workers of the job (default 2,
-# the default job's). --kill_server_once: instead, both runs use --replicas=2 and server 0
-# is killed (kill -9) once, --every seconds after training started; no worker is killed. Runs take a few minutes each; not part of the test suite. Needs a
-# build (scripts/build.sh) and python3.
+# the default job's). --kill_server_once: also, both runs use --replicas=2 and the first
+# kill, --every seconds after training started, is server 0's (kill -9); the workers are
+# killed every --every seconds after it as without the flag. Runs take a few minutes each;
+# not part of the test suite. Needs a build (scripts/build.sh) and python3.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 every=8
@@ -55,7 +56,7 @@ if [ "$kill_server" = 1 ]; then
     kills=1
   fi
 fi
-while [ "$kill_server" = 0 ] && kill -0 "$job" 2>/dev/null; do
+while kill -0 "$job" 2>/dev/null; do
   sleep "$every"
   kill -0 "$job" 2>/dev/null || break
   mapfile -t live < <(pgrep -f "ps_worker --coordinator=$endpoint" || true)
