@@ -37,6 +37,8 @@ launch="$root/scripts/launch_local.sh"
 
 # ---- with faults ----
 faults="$run_dir/faults"
+# A reused --run_dir keeps the last job's endpoint file: the wait below must see this job's.
+rm -f "$faults/coordinator.endpoint"
 bash "$launch" --no_build --workers "$workers" --run_dir "$faults" -- "${extra[@]}" \
   >"$run_dir/faults.out" 2>&1 &
 job=$!
