@@ -11,11 +11,7 @@ FaultyServerSocket::FaultyServerSocket(std::unique_ptr<ServerSocket> inner,
 Incoming FaultyServerSocket::Copy(Incoming& m) {
   Incoming c;
   c.peer = m.peer;
-  for (zmq::message_t& f : m.frames) {
-    zmq::message_t x;
-    x.copy(f);
-    c.frames.push_back(std::move(x));
-  }
+  c.frames = ShareFrames(m.frames);
   return c;
 }
 

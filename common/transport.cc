@@ -160,6 +160,17 @@ Status ValidateEndpoint(const std::string& endpoint) {
 
 zmq::message_t CopyFrame(const void* data, size_t bytes) { return zmq::message_t(data, bytes); }
 
+Frames ShareFrames(Frames& frames) {
+  Frames shared;
+  shared.reserve(frames.size());
+  for (zmq::message_t& f : frames) {
+    zmq::message_t c;
+    c.copy(f);
+    shared.push_back(std::move(c));
+  }
+  return shared;
+}
+
 Transport::Transport(TransportOptions options) : options_(options), context_(options.io_threads) {}
 
 Transport::~Transport() {

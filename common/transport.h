@@ -123,4 +123,9 @@ Status ValidateEndpoint(const std::string& endpoint);
 // Copies `bytes` bytes into a new frame.
 zmq::message_t CopyFrame(const void* data, size_t bytes);
 
+// Copies of `frames` that share their payload buffers (zmq_msg_copy: reference counted, no
+// bytes copied), for a message sent again or to a second peer. Neither side may write to
+// the payloads afterwards.
+Frames ShareFrames(Frames& frames);
+
 }  // namespace ps

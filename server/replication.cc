@@ -46,13 +46,13 @@ int TargetServer(const Frames& request) {
   }
 }
 
-Frames WrapForBackup(int primary, uint64_t request_id, const Frames& request) {
+Frames WrapForBackup(int primary, uint64_t request_id, Frames request) {
   capnp::MallocMessageBuilder b;
   NewHeader(b, request_id, primary).getBody().initReplicate().setPrimary(primary);
   Frames f;
   f.reserve(request.size() + 1);
   f.push_back(EncodeFrame(b));
-  for (const zmq::message_t& m : request) f.push_back(CopyFrame(m.data(), m.size()));
+  for (zmq::message_t& m : request) f.push_back(std::move(m));
   return f;
 }
 
@@ -162,10 +162,10 @@ void BackupLink::MarkDown(const Status& why) {
              << "); its shards run without replication from now on";
 }
 
-Result<uint64_t> BackupLink::Send(const Frames& request) {
+Result<uint64_t> BackupLink::Send(Frames request) {
   if (down_) return Unavailable("the backup of server " + std::to_string(self_) + " is down");
   const uint64_t seq = sent_ + 1;
-  Status s = socket_->Send(WrapForBackup(self_, seq, request));
+  Status s = socket_->Send(WrapForBackup(self_, seq, std::move(request)));
   if (!s.ok()) {
     MarkDown(s);
     return s;

@@ -45,8 +45,8 @@ RequestKind Classify(const Frames& request);
 int TargetServer(const Frames& request);
 
 // The message a primary sends its backup: a `replicate` header naming the primary, then
-// copies of the request's frames.
-Frames WrapForBackup(int primary, uint64_t request_id, const Frames& request);
+// the request's frames (moved in: share them with ShareFrames to keep the request).
+Frames WrapForBackup(int primary, uint64_t request_id, Frames request);
 
 // The backup side: shadow cores of the primaries this server backs up.
 class BackupStore {
@@ -113,7 +113,7 @@ class BackupLink {
 
   // Sends `request` to the backup; returns its sequence number (1, 2, ...). An error marks
   // the link down.
-  Result<uint64_t> Send(const Frames& request);
+  Result<uint64_t> Send(Frames request);
   // Reads the backup's acknowledgements that arrived, without waiting, and returns the
   // highest sequence number acknowledged so far. Marks the link down when the backup
   // refused a request, or left one unacknowledged for longer than the timeout; the

@@ -214,11 +214,10 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
                  !backup_link->down()) {
         // Chain replication: apply here, then have the backup apply the same request; the
         // replies wait (below) until the backup acknowledged it.
-        Frames copy;
-        copy.reserve(in->frames.size());
-        for (const zmq::message_t& m : in->frames) copy.push_back(CopyFrame(m.data(), m.size()));
+        // The forward shares the request's payload buffers (the core only reads a push).
+        Frames forward = ShareFrames(in->frames);
         core.Handle(in->peer, in->frames, &out, &after);
-        (void)backup_link->Send(copy);  // a failure marks the link down and is logged
+        (void)backup_link->Send(std::move(forward));  // a failure marks the link down, logged
       } else {
         core.Handle(in->peer, in->frames, &out, &after);
       }

@@ -317,12 +317,7 @@ Ticket KVClient::Enqueue(std::shared_ptr<Request> request, std::vector<std::shar
       parts[i]->ticket = ticket;
       parts[i]->request = request;
       if (retry) {
-        // ZeroMQ copies share the payload buffer (reference counted): no bytes copied.
-        for (zmq::message_t& f : outgoing[i].frames) {
-          zmq::message_t c;
-          c.copy(f);
-          parts[i]->frames.push_back(std::move(c));
-        }
+        parts[i]->frames = ShareFrames(outgoing[i].frames);
         parts[i]->next_retry = SteadyClock::now() + options_.retry_interval;
       }
       parts_[request_ids[i]] = parts[i];
@@ -571,13 +566,7 @@ void KVClient::IoLoop() {
           }
           if (!p.frames.empty() && options_.retry_interval.count() > 0 && p.next_retry <= now) {
             // No reply yet: the same request (same id) again.
-            Outgoing o{p.server, {}};
-            for (zmq::message_t& f : p.frames) {
-              zmq::message_t c;
-              c.copy(f);
-              o.frames.push_back(std::move(c));
-            }
-            resend.push_back(std::move(o));
+            resend.push_back(Outgoing{p.server, ShareFrames(p.frames)});
             p.next_retry = now + options_.retry_interval;
             ++stats_.retries;
           }
@@ -634,13 +623,7 @@ void KVClient::ApplyRedirects(std::vector<zmq::pollitem_t>& items) {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto& [rid, part] : parts_) {
         if (part->server != server || part->frames.empty()) continue;
-        Frames f;
-        for (zmq::message_t& m : part->frames) {
-          zmq::message_t c;
-          c.copy(m);
-          f.push_back(std::move(c));
-        }
-        resend.emplace_back(rid, std::move(f));
+        resend.emplace_back(rid, ShareFrames(part->frames));
         part->next_retry = SteadyClock::now() + options_.retry_interval;
       }
       // Parts queued but not yet sent go out below, to the new socket.

@@ -53,7 +53,7 @@ std::vector<uint64_t> DenseKeys(const JobConfig& config, int server) {
 
 // The primary applies `request`, then the backup applies what the primary forwards.
 Frames ApplyBoth(ServerCore& primary, BackupStore& backup, Frames request, uint64_t* seq) {
-  Frames forwarded = WrapForBackup(primary.server_id(), ++*seq, request);
+  Frames forwarded = WrapForBackup(primary.server_id(), ++*seq, ShareFrames(request));
   Frames reply = primary.HandleOne(request);
   Frames ack = backup.Handle(forwarded);
   EXPECT_TRUE(ReplyStatus(ack).ok()) << ReplyStatus(ack).ToString();
