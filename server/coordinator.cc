@@ -894,10 +894,11 @@ class CoordinatorJob {
         }
       }
     }
-    if (j.contains("checkpoint_clock") && j["checkpoint_clock"].is_number_integer()) {
-      OnServerCheckpoint(static_cast<size_t>(s), j["checkpoint_clock"].get<int64_t>());
-    }
     ServerLive& live = server_live_[static_cast<size_t>(s)];
+    if (j.contains("checkpoint_clock") && j["checkpoint_clock"].is_number_integer()) {
+      live.checkpoint_clock = j["checkpoint_clock"].get<int64_t>();
+      OnServerCheckpoint(static_cast<size_t>(s), live.checkpoint_clock);
+    }
     const double now = Elapsed();
     const uint64_t pushes = j.value("pushes", uint64_t{0});
     if (live.time > 0 && now > live.time && pushes >= live.pushes) {
@@ -929,6 +930,7 @@ class CoordinatorJob {
       next_checkpoint_time_ = now + config_.checkpoint_every_seconds;
       return;
     }
+    DropAbandonedCheckpointSet(now);
     if (now < next_checkpoint_time_) return;
     // One named clock at a time: a server holds one, and a new name before every server
     // passed the old one would leave the old set half-written.
@@ -948,6 +950,33 @@ class CoordinatorJob {
     next_checkpoint_time_ = now + config_.checkpoint_every_seconds;
     LOG(INFO) << "next checkpoint set at clock " << at << " (servers at up to " << fastest << ", "
               << rate << " clocks/s)";
+  }
+
+  // A named set that some server refused (its workers passed the clock before the name
+  // reached it) never completes. Once every server is past the clock, the servers that did
+  // write their part are done with it: the half-written directory is removed, so that
+  // every set directory on disk is whole or still being written, and the next clock is
+  // named at once instead of a period later.
+  void DropAbandonedCheckpointSet(double now) {
+    if (checkpoint_at_ <= 0 || checkpoint_at_ <= recorded_clock_ ||
+        checkpoint_at_ == abandoned_checkpoint_at_) {
+      return;
+    }
+    int refused = -1;
+    for (size_t s = 0; s < server_live_.size(); ++s) {
+      const ServerLive& live = server_live_[s];
+      if (live.clock < checkpoint_at_) return;  // may still write it
+      if (live.checkpoint_clock < checkpoint_at_) refused = static_cast<int>(s);
+    }
+    if (refused < 0) return;  // whole: RecordWholeSet records it
+    abandoned_checkpoint_at_ = checkpoint_at_;
+    const std::string set = CheckpointSetDir(config_.checkpoint_dir, checkpoint_at_);
+    std::error_code ec;
+    std::filesystem::remove_all(set, ec);
+    LOG(WARNING) << "checkpoint set at clock " << checkpoint_at_ << " abandoned: server " << refused
+                 << " passed the clock before it was named there; removed " << set
+                 << (ec ? " (failed: " + ec.message() + ")" : std::string());
+    next_checkpoint_time_ = now;
   }
 
   // The job as ps_status shows it: one JSON object (see server/status_main.cc).
@@ -1663,6 +1692,7 @@ class CoordinatorJob {
   // --checkpoint_every=<N>s: the clock named for the next set (-1: none yet) and when to
   // name the one after (seconds since the job started; -1: at the first server report).
   int64_t checkpoint_at_ = -1;
+  int64_t abandoned_checkpoint_at_ = -1;  // the named clock whose set was dropped
   double next_checkpoint_time_ = -1;
   uint64_t checkpoints_recorded_ = 0;
   int64_t whole_clock_ = 0;                   // the latest set every server committed
@@ -1694,6 +1724,7 @@ class CoordinatorJob {
     double pushes_per_sec = 0;
     int64_t clock = -1;  // the slowest live worker's clock there
     double clocks_per_sec = 0;
+    int64_t checkpoint_clock = -1;  // the latest checkpoint it committed
   };
   std::vector<WorkerLive> worker_live_;
   std::vector<ServerLive> server_live_;

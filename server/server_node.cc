@@ -43,10 +43,11 @@ nlohmann::json ServerStatusJson(const ServerCore& core, ServerCore::Clock::time_
 
 namespace {
 
-// Sends the server's status to the coordinator (a `report` it answers with reportReply,
-// which is drained here without waiting: the request loop must not block on it).
-void ReportToCoordinator(ClientSocket& coordinator, ServerCore& core, uint64_t* request_id,
-                         int64_t* checkpoint_asked) {
+// Takes the coordinator's answers to status reports without waiting (the request loop
+// must not block on them). Called on every turn of the loop, not only when the next report
+// goes out: a clock named for a checkpoint set must reach the core before the workers pass
+// it, and a report interval of delay is most of the coordinator's lead.
+void DrainReportReplies(ClientSocket& coordinator, ServerCore& core, int64_t* checkpoint_asked) {
   for (;;) {
     Result<std::optional<Frames>> reply = coordinator.TryRecv();
     if (!reply.ok() || !reply->has_value()) break;
@@ -67,6 +68,10 @@ void ReportToCoordinator(ClientSocket& coordinator, ServerCore& core, uint64_t* 
       LOG(WARNING) << "server " << core.server_id() << ": bad report reply: " << e.what();
     }
   }
+}
+
+// Sends the server's status to the coordinator (a `report` it answers with reportReply).
+void ReportToCoordinator(ClientSocket& coordinator, ServerCore& core, uint64_t* request_id) {
   capnp::MallocMessageBuilder b;
   NewHeader(b, ++*request_id, core.server_id())
       .getBody()
@@ -131,9 +136,10 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
     }
     if (coordinator != nullptr && report_interval.count() > 0 &&
         ServerCore::Clock::now() >= next_report) {
-      ReportToCoordinator(*coordinator, core, &report_id, &checkpoint_asked);
+      ReportToCoordinator(*coordinator, core, &report_id);
       next_report = ServerCore::Clock::now() + report_interval;
     }
+    if (coordinator != nullptr) DrainReportReplies(*coordinator, core, &checkpoint_asked);
     Result<Incoming> in = DeadlineExceeded("");
     if (backup_link != nullptr && !backup_link->down()) {
       // Wake for a request or for the backup's acknowledgements, whichever comes first.
