@@ -894,6 +894,10 @@ class CoordinatorJob {
         }
       }
     }
+    if (j.contains("promoted_first_pull_unix_time") &&
+        j["promoted_first_pull_unix_time"].is_object()) {
+      NoteFirstPullsAfterFailover(j["promoted_first_pull_unix_time"]);
+    }
     ServerLive& live = server_live_[static_cast<size_t>(s)];
     if (j.contains("checkpoint_clock") && j["checkpoint_clock"].is_number_integer()) {
       live.checkpoint_clock = j["checkpoint_clock"].get<int64_t>();
@@ -950,6 +954,23 @@ class CoordinatorJob {
     next_checkpoint_time_ = now + config_.checkpoint_every_seconds;
     LOG(INFO) << "next checkpoint set at clock " << at << " (servers at up to " << fastest << ", "
               << rate << " clocks/s)";
+  }
+
+  // Failover: a promoted backup reports when it served the first pull of the dead
+  // server's shards; the failure entry gets it once, with the time from the dead server's
+  // last heartbeat (an upper bound of the time from its death).
+  void NoteFirstPullsAfterFailover(const json& served) {
+    for (json& e : failures_) {
+      if (e.value("kind", "") != "server_lost" || e.contains("first_pull_served_unix_time")) {
+        continue;
+      }
+      const std::string server = std::to_string(e.value("server", -1));
+      if (!served.contains(server) || !served[server].is_number()) continue;
+      const double t = served[server].get<double>();
+      e["first_pull_served_unix_time"] = t;
+      const double last_heartbeat = e.value("unix_time", 0.0) - e.value("silent_seconds", 0.0);
+      e["first_pull_served_seconds"] = t - last_heartbeat;
+    }
   }
 
   // A named set that some server refused (its workers passed the clock before the name

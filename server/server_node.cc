@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <deque>
+#include <map>
 #include <optional>
 
 #include "common/heartbeat.h"
@@ -71,12 +72,20 @@ void DrainReportReplies(ClientSocket& coordinator, ServerCore& core, int64_t* ch
 }
 
 // Sends the server's status to the coordinator (a `report` it answers with reportReply).
-void ReportToCoordinator(ClientSocket& coordinator, ServerCore& core, uint64_t* request_id) {
+// `first_pulls`: for each dead primary this server was promoted for, when (Unix seconds)
+// it served the first pull of its shards: the coordinator adds it to the failure entry.
+void ReportToCoordinator(ClientSocket& coordinator, ServerCore& core, uint64_t* request_id,
+                         const std::map<int, double>& first_pulls) {
+  nlohmann::json status = ServerStatusJson(core, ServerCore::Clock::now());
+  if (!first_pulls.empty()) {
+    nlohmann::json served = nlohmann::json::object();
+    for (const auto& [primary, unix_time] : first_pulls) {
+      served[std::to_string(primary)] = unix_time;
+    }
+    status["promoted_first_pull_unix_time"] = std::move(served);
+  }
   capnp::MallocMessageBuilder b;
-  NewHeader(b, ++*request_id, core.server_id())
-      .getBody()
-      .initReport()
-      .setJson(ServerStatusJson(core, ServerCore::Clock::now()).dump());
+  NewHeader(b, ++*request_id, core.server_id()).getBody().initReport().setJson(status.dump());
   Frames f;
   f.push_back(EncodeFrame(b));
   Status s = coordinator.Send(std::move(f));
@@ -121,6 +130,8 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
   };
   uint64_t report_id = 0;
   int64_t checkpoint_asked = -1;
+  // Failover: when the first pull of each promoted primary's shards was served here.
+  std::map<int, double> first_pull_after_promotion;
   auto next_report = ServerCore::Clock::now();
   auto next_metrics = next_report;
   int64_t reported_checkpoint = core.last_checkpoint_clock();
@@ -136,7 +147,7 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
     }
     if (coordinator != nullptr && report_interval.count() > 0 &&
         ServerCore::Clock::now() >= next_report) {
-      ReportToCoordinator(*coordinator, core, &report_id);
+      ReportToCoordinator(*coordinator, core, &report_id, first_pull_after_promotion);
       next_report = ServerCore::Clock::now() + report_interval;
     }
     if (coordinator != nullptr) DrainReportReplies(*coordinator, core, &checkpoint_asked);
@@ -162,8 +173,9 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
                                                                               : RequestKind::kOther;
       // After a failover, requests for a dead primary's shards go to its promoted core.
       ServerCore* promoted = nullptr;
+      int target = -1;
       if (backups != nullptr && kind != RequestKind::kReplicate) {
-        const int target = TargetServer(in->frames);
+        target = TargetServer(in->frames);
         if (target >= 0 && target != core.server_id()) {
           promoted = backups->promoted(target);
           if (promoted == nullptr) {
@@ -207,6 +219,13 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
         ServerCore::After ignored = ServerCore::After::kContinue;
         promoted->Handle(in->peer, in->frames, &replies, &ignored);
         send(replies);
+        if (promoted->stats().pulls_served > 0 && first_pull_after_promotion.count(target) == 0) {
+          const double t = UnixSeconds();
+          first_pull_after_promotion[target] = t;
+          next_report = ServerCore::Clock::now();  // tell the coordinator now
+          LOG(WARNING) << "server " << core.server_id() << ": served the first pull of server "
+                       << target << "'s shards since the promotion";
+        }
       } else if (kind == RequestKind::kReplicate) {
         // Acknowledged at once, never held behind this server's own forwards: with two
         // servers backing up each other, holding would make each wait on the other.

@@ -318,11 +318,17 @@ TEST_F(FailoverTest, AKilledPrimaryServerFailsOverToItsBackup) {
   EXPECT_EQ(f.value("promoted", -1), 1) << f.dump();
   const double detection = f.value("unix_time", 0.0) - killed_at;
   const double failover = f.value("promoted_unix_time", 0.0) - killed_at;
+  // Kill to the first pull the promoted backup served: the failover time.
+  ASSERT_TRUE(f.contains("first_pull_served_unix_time")) << f.dump();
+  const double served = f.value("first_pull_served_unix_time", 0.0) - killed_at;
   std::printf(
-      "server kill -9: detected after %.2f s, backup promoted after %.2f s (heartbeat_timeout "
-      "%.1f s); test loss %.9g (without the kill %.9g)\n",
-      detection, failover, kHeartbeatTimeout, summary.value("test_loss", 0.0),
+      "server kill -9: detected after %.2f s, backup promoted after %.2f s, first pull served "
+      "by it after %.2f s (heartbeat_timeout %.1f s); test loss %.9g (without the kill %.9g)\n",
+      detection, failover, served, kHeartbeatTimeout, summary.value("test_loss", 0.0),
       reference.value("test_loss", 0.0));
+  EXPECT_GE(served, failover - 0.5);
+  // The worker learns the new address from its next heartbeat reply (one a second at most).
+  EXPECT_LE(served, failover + 2.0);
   EXPECT_GT(detection, 0);
   EXPECT_LE(detection, kHeartbeatTimeout + kDetectionSlack);
   EXPECT_GE(failover, detection - 0.5);
