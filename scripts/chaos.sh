@@ -108,6 +108,9 @@ for x in f.get("failures", []):
     if x.get("kind") == "server_lost":
         print("    silent %.2f s when declared dead; failover (last heartbeat -> backup promoted) %.2f s"
               % (x.get("silent_seconds", 0), x.get("failover_seconds", 0)))
+        if "first_pull_served_seconds" in x:
+            print("    last heartbeat -> first pull served by the promoted backup %.2f s"
+                  % x["first_pull_served_seconds"])
 if "test_loss" in f and "test_loss" in c:
     print("test loss: %.9g with faults, %.9g without" % (f["test_loss"], c["test_loss"]))
 PY
