@@ -42,6 +42,8 @@ void HeartbeatSender::SetRedirectHandler(std::function<void(int, const std::stri
 
 void HeartbeatSender::Loop() {
   uint64_t request_id = 0;
+  auto last_answer = std::chrono::steady_clock::now();
+  bool lost_reported = false;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     lock.unlock();
@@ -62,6 +64,7 @@ void HeartbeatSender::Loop() {
     while (true) {
       Result<std::optional<Frames>> reply = socket_->TryRecv();
       if (!reply.ok() || !reply->has_value() || (*reply)->empty()) break;
+      last_answer = std::chrono::steady_clock::now();
       Result<DecodedHeader> h = DecodedHeader::Decode((**reply)[0]);
       if (!h.ok()) continue;
       try {
@@ -83,6 +86,15 @@ void HeartbeatSender::Loop() {
       } catch (const kj::Exception&) {
         // A malformed reply says nothing about liveness; the next beat goes anyway.
       }
+    }
+    const auto silent = std::chrono::steady_clock::now() - last_answer;
+    if (!lost_reported && options_.coordinator_timeout.count() > 0 &&
+        silent > options_.coordinator_timeout) {
+      lost_reported = true;
+      LOG(ERROR) << "the coordinator answered no heartbeat for "
+                 << std::chrono::duration_cast<std::chrono::milliseconds>(silent).count()
+                 << " ms: the job is gone";
+      if (options_.on_coordinator_lost) options_.on_coordinator_lost();
     }
     lock.lock();
     cv_.wait_for(lock, options_.interval, [this] { return stopping_; });

@@ -4,9 +4,11 @@
 //
 // The sender owns its own connection to the coordinator: a worker's registration socket
 // may be blocked for minutes in a lease request or the end-of-job barrier, and a
-// heartbeat must not wait behind it. Replies are read without waiting; a reply saying that
-// the coordinator evicted this worker (it was silent too long, e.g. stopped with SIGSTOP,
-// and its work went to others) sets evicted(), and the owner should stop. A reply that
+// heartbeat must not wait behind it. A coordinator that answers no beat for
+// options.coordinator_timeout is reported lost, once (a worker then leaves as on SIGTERM,
+// instead of waiting minutes in calls to a job that is gone). Replies are read without waiting; a
+// reply saying that the coordinator evicted this worker (it was silent too long, e.g. stopped with
+// SIGSTOP, and its work went to others) sets evicted(), and the owner should stop. A reply that
 // lists redirects (a dead server's shards are served by its promoted backup, --replicas=2)
 // is passed to the redirect handler, on every beat: the handler must be idempotent.
 //
@@ -36,6 +38,11 @@ struct HeartbeatOptions {
   int id = 0;
   // Time between beats: the job's heartbeat_timeout / 4.
   std::chrono::milliseconds interval{1000};
+  // When no beat has been answered for this long, the coordinator is taken to be gone (the
+  // job stopped, or it died) and on_coordinator_lost runs once, on the heartbeat thread.
+  // 0: never.
+  std::chrono::milliseconds coordinator_timeout{0};
+  std::function<void()> on_coordinator_lost;
 };
 
 class HeartbeatSender {

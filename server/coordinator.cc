@@ -231,7 +231,8 @@ class CoordinatorJob {
       }
       Result<Incoming> in = socket_->Recv(options_.poll_interval);
       if (!in.ok()) {
-        if (in.status().code() == StatusCode::kDeadlineExceeded) continue;
+        // A signal interrupts the wait (EINTR): the loop's top looks at `stop`.
+        if (in.status().code() == StatusCode::kDeadlineExceeded || stop.load()) continue;
         return in.status();
       }
       std::optional<DecodedHeader> h = Decode(*in);
@@ -921,6 +922,51 @@ class CoordinatorJob {
     MaybeNameCheckpointClock(now);
   }
 
+  // The job was asked to stop (SIGTERM, e.g. a preempted VM or Ctrl-C in the launcher).
+  // Without a checkpoint directory, or with nobody training: Aborted at once. Otherwise the
+  // first call names a clock for a last checkpoint set, and training goes on until that set
+  // is recorded (then Aborted: `--restore=latest` resumes there) or until
+  // options_.stop_checkpoint_timeout passed (Aborted, saying the set is missing). OK means:
+  // keep training.
+  Status StopWithCheckpoint() {
+    bool training = false;
+    for (size_t w = 0; w < workers_.size() && w < results_.size(); ++w) {
+      training |= !results_[w].done && !Gone(w);
+    }
+    if (config_.checkpoint_dir.empty() || options_.stop_checkpoint_timeout.count() <= 0 ||
+        !training || barrier_released_) {
+      return Aborted("coordinator stopped by signal");
+    }
+    const auto now = Clock::now();
+    if (!stop_checkpoint_deadline_) {
+      stop_checkpoint_deadline_ = now + options_.stop_checkpoint_timeout;
+      // A set already named and not yet passed by every server is the stop set; otherwise
+      // name one now, as --checkpoint_every=<N>s would.
+      bool pending = checkpoint_at_ > recorded_clock_;
+      for (const ServerLive& live : server_live_) pending &= live.clock < checkpoint_at_;
+      if (!pending) NameCheckpointClock(Elapsed());
+      stop_checkpoint_at_ = checkpoint_at_;
+      std::printf("stopping: training on until the checkpoint set at clock %lld is written\n",
+                  static_cast<long long>(stop_checkpoint_at_));
+      std::fflush(stdout);
+    }
+    if (stop_checkpoint_at_ > 0 && recorded_clock_ >= stop_checkpoint_at_) {
+      std::printf("stopped at the checkpoint set at clock %lld: --restore=latest resumes there\n",
+                  static_cast<long long>(recorded_clock_));
+      std::fflush(stdout);
+      return Aborted("coordinator stopped by signal after the checkpoint set at clock " +
+                     std::to_string(recorded_clock_));
+    }
+    if (now > *stop_checkpoint_deadline_) {
+      return Aborted("coordinator stopped by signal; the checkpoint set at clock " +
+                     std::to_string(stop_checkpoint_at_) + " was not complete within " +
+                     std::to_string(options_.stop_checkpoint_timeout.count()) +
+                     " ms (the latest recorded set is at clock " + std::to_string(recorded_clock_) +
+                     ")");
+    }
+    return Status::Ok();
+  }
+
   // --checkpoint_every=<N>s: every N seconds, name a clock every server will write its
   // checkpoint at. It must lie ahead of every server's slowest live clock when the answer
   // reaches it (up to a report interval later, and then the tick that completes it), so it
@@ -929,7 +975,17 @@ class CoordinatorJob {
   // the next period, once every server passed it, names another.
   static constexpr double kCheckpointLeadSeconds = 3;
   void MaybeNameCheckpointClock(double now) {
-    if (config_.checkpoint_every_seconds <= 0 || config_.checkpoint_dir.empty()) return;
+    if (config_.checkpoint_dir.empty()) return;
+    if (stop_checkpoint_deadline_) {
+      // Stopping: only the stop set counts; a refused one is named again at once.
+      DropAbandonedCheckpointSet(now);
+      if (abandoned_checkpoint_at_ == stop_checkpoint_at_) {
+        NameCheckpointClock(now);
+        stop_checkpoint_at_ = checkpoint_at_;
+      }
+      return;
+    }
+    if (config_.checkpoint_every_seconds <= 0) return;
     if (next_checkpoint_time_ < 0) {
       next_checkpoint_time_ = now + config_.checkpoint_every_seconds;
       return;
@@ -941,6 +997,13 @@ class CoordinatorJob {
     for (const ServerLive& live : server_live_) {
       if (live.clock < checkpoint_at_) return;
     }
+    NameCheckpointClock(now);
+  }
+
+  // Names the next checkpoint set's clock (checkpoint_at_; servers learn it from the
+  // replies to their reports): ahead of the fastest server by kCheckpointLeadSeconds at
+  // the fastest clock rate seen. Nothing before the first server report.
+  void NameCheckpointClock(double now) {
     int64_t fastest = -1;
     double rate = 0;
     for (const ServerLive& live : server_live_) {
@@ -1097,7 +1160,10 @@ class CoordinatorJob {
 
   Status Train(const std::atomic<bool>& stop) {
     while (!final_eval_) {
-      if (stop.load()) return Aborted("coordinator stopped by signal");
+      if (stop.load()) {
+        Status stopped = StopWithCheckpoint();
+        if (!stopped.ok()) return stopped;
+      }
       PS_RETURN_IF_ERROR(CheckHeartbeats());
       if (barrier_released_ && Clock::now() - barrier_time_ > options_.final_eval_timeout) {
         return DeadlineExceeded("worker 0 sent no final evaluation within " +
@@ -1105,7 +1171,8 @@ class CoordinatorJob {
       }
       Result<Incoming> in = socket_->Recv(options_.poll_interval);
       if (!in.ok()) {
-        if (in.status().code() == StatusCode::kDeadlineExceeded) continue;
+        // A signal interrupts the wait (EINTR): the loop's top looks at `stop`.
+        if (in.status().code() == StatusCode::kDeadlineExceeded || stop.load()) continue;
         return in.status();
       }
       std::optional<DecodedHeader> h = Decode(*in);
@@ -1714,6 +1781,9 @@ class CoordinatorJob {
   // name the one after (seconds since the job started; -1: at the first server report).
   int64_t checkpoint_at_ = -1;
   int64_t abandoned_checkpoint_at_ = -1;  // the named clock whose set was dropped
+  // Stopping (StopWithCheckpoint): the set waited for, and until when.
+  int64_t stop_checkpoint_at_ = -1;
+  std::optional<Clock::time_point> stop_checkpoint_deadline_;
   double next_checkpoint_time_ = -1;
   uint64_t checkpoints_recorded_ = 0;
   int64_t whole_clock_ = 0;                   // the latest set every server committed

@@ -52,6 +52,10 @@ struct CoordinatorOptions {
   std::chrono::milliseconds shutdown_timeout{30000};
   // How long after the last `done` to wait for worker 0's final evaluation.
   std::chrono::milliseconds final_eval_timeout{600000};
+  // On `stop` (SIGTERM) with a --checkpoint_dir: how long to keep training until the
+  // checkpoint set the coordinator names then is written and recorded, before the job
+  // stops anyway (0: stop at once; the servers' last recorded set stays the latest).
+  std::chrono::milliseconds stop_checkpoint_timeout{30000};
   // Seconds between progress lines on stdout while training (0: only per epoch).
   double progress_every_seconds = 5;
   // How long a server may take to confirm that it evicted a dead worker.

@@ -87,6 +87,9 @@ DEFINE_double(heartbeat_timeout, kDefaults.heartbeat_timeout,
 DEFINE_string(listen, "tcp://127.0.0.1:7000", "where to listen; port * picks a free one");
 DEFINE_string(run_dir, "", "run directory (default runs/<time>)");
 DEFINE_string(endpoint_file, "", "write the bound endpoint to this file once listening");
+DEFINE_int32(stop_checkpoint_timeout_ms, 30000,
+             "on SIGTERM with a --checkpoint_dir: train on for up to this long until a last "
+             "checkpoint set is written and recorded, then stop (0: stop at once)");
 DEFINE_int32(register_timeout_ms, 120000, "how long to wait for every process to register");
 DEFINE_double(progress_every_seconds, 5, "seconds between progress lines (0: per epoch only)");
 DEFINE_int32(metrics_port, 0,
@@ -139,6 +142,7 @@ int main(int argc, char** argv) {
   options.endpoint_file = FLAGS_endpoint_file;
   options.register_timeout = std::chrono::milliseconds(FLAGS_register_timeout_ms);
   options.progress_every_seconds = FLAGS_progress_every_seconds;
+  options.stop_checkpoint_timeout = std::chrono::milliseconds(FLAGS_stop_checkpoint_timeout_ms);
   auto metrics = ps::StartProcessMetrics("coordinator", -1, FLAGS_metrics_host, FLAGS_metrics_port);
   if (!metrics.ok()) {
     LOG(ERROR) << "ps_coordinator: " << metrics.status().ToString();

@@ -41,6 +41,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -61,6 +62,11 @@ namespace ps {
 struct WorkerOptions {
   // The coordinator's endpoint. Required.
   std::string coordinator;
+  // Runs once, on the heartbeat thread, when the coordinator answered no heartbeat for
+  // 3 x the job's --heartbeat_timeout (the job stopped or the coordinator died); ps_worker
+  // makes it a SIGTERM to itself (drain, then leave within --drain_timeout_ms). nullptr:
+  // nothing happens (the worker's calls time out on their own).
+  std::function<void()> on_coordinator_lost;
   // "cpu", "cuda", "cuda:N" (see kernels/kernels.h).
   std::string device = "cpu";
   std::chrono::milliseconds register_timeout{120000};

@@ -2,6 +2,7 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdlib>
@@ -146,6 +147,8 @@ int main(int argc, char** argv) {
   options.metrics = metrics->get();
   options.group = FLAGS_group;
   options.drain_timeout = std::chrono::milliseconds(FLAGS_drain_timeout_ms);
+  // The job is gone (stopped, or its coordinator died): leave as on a preemption notice.
+  options.on_coordinator_lost = [] { kill(getpid(), SIGTERM); };
   options.retry_interval = std::chrono::milliseconds(FLAGS_retry_ms);
   options.prefetch = FLAGS_prefetch;
   options.wire_dtype = FLAGS_wire_dtype;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -393,6 +394,80 @@ TEST_F(CheckpointJobTest, KilledJobRestartsAtTheLatestRecordedSet) {
     EXPECT_EQ(j["clock"], recorded + 1) << line;
     break;
   }
+}
+
+// SIGTERM to the coordinator of a running job with a --checkpoint_dir (and no periodic
+// checkpoints): it names a last set, trains on until the server wrote it and it is
+// recorded, then stops the job; the job started again with --restore=latest resumes there.
+TEST_F(CheckpointJobTest, SigtermStopsTheJobAtARecordedCheckpointSet) {
+  const Deadline deadline = DeadlineIn(std::chrono::seconds(100));
+  ASSERT_NO_FATAL_FAILURE(MakeSparseData(deadline));
+  const std::string ckpt = dir_.Join("checkpoints");
+  std::vector<std::string> job = SparseLrJob(ckpt);
+  for (std::string& f : job) {
+    if (f == "--checkpoint_every=20") f = "--checkpoint_every=0";
+  }
+  // The worker gives up on a coordinator silent for 3 x this (then drains and leaves).
+  job.push_back("--heartbeat_timeout=2");
+  auto start = [&](const std::vector<std::string>& flags, const std::string& slowdown,
+                   std::vector<ChildProcess>* procs) {
+    std::string endpoint;
+    Result<ChildProcess> coordinator = StartCoordinator(flags, deadline, &endpoint);
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
+    procs->push_back(std::move(*coordinator));
+    Result<ChildProcess> server = StartServer(0, endpoint);
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    procs->push_back(std::move(*server));
+    std::vector<std::string> argv = {itest::BinaryPath("ps_worker"), "--coordinator=" + endpoint,
+                                     "--register_timeout_ms=30000", "--slowdown=" + slowdown};
+    for (std::string& f : SecurityFlags()) argv.push_back(std::move(f));
+    Result<ChildProcess> worker = ChildProcess::Spawn(argv, dir_.Join("worker-0.log"));
+    ASSERT_TRUE(worker.ok()) << worker.status().ToString();
+    procs->push_back(std::move(*worker));
+  };
+  {
+    std::vector<ChildProcess> procs;
+    start(job, "2000", &procs);
+    if (HasFatalFailure()) return;
+    // Training is under way (metrics.jsonl has a train line) before the signal.
+    for (;;) {
+      ASSERT_LT(itest::SteadyClock::now(), deadline) << "the job never trained";
+      Result<std::string> m = itest::ReadFile(RunDir() + "/metrics.jsonl");
+      if (m.ok() && m->find("\"kind\":\"train\"") != std::string::npos) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_EQ(RecordedClock(ckpt), 0) << "no set before the signal";
+    ASSERT_EQ(kill(procs[0].pid(), SIGTERM), 0);
+    Result<int> rc = procs[0].WaitExit(deadline);
+    ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+    ExpectCleanExit(procs[1], "server", deadline);
+    Result<int> worker_rc = procs[2].WaitExit(deadline);  // the job it trained for is gone
+    EXPECT_TRUE(worker_rc.ok()) << worker_rc.status().ToString();
+  }
+  const int64_t recorded = RecordedClock(ckpt);
+  ASSERT_GT(recorded, 0) << "SIGTERM recorded no checkpoint set";
+  ASSERT_LT(recorded, 80) << "the job ended before the signal";
+  Result<std::string> out = itest::ReadFile(dir_.Join("coordinator.log"));
+  ASSERT_TRUE(out.ok());
+  EXPECT_NE(out->find("stopped at the checkpoint set at clock " + std::to_string(recorded)),
+            std::string::npos)
+      << *out;
+  std::filesystem::rename(RunDir(), dir_.Join("run1"));
+  job.push_back("--restore=latest");
+  std::vector<ChildProcess> procs;
+  start(job, "1", &procs);
+  if (HasFatalFailure()) return;
+  ExpectCleanExit(procs[2], "worker", deadline);
+  ExpectCleanExit(procs[0], "coordinator", deadline);
+  ExpectCleanExit(procs[1], "server", deadline);
+  Result<itest::json> summary = ReadSummary();
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  EXPECT_EQ((*summary)["restored"]["clock"], recorded) << summary->dump();
+  const int epoch = static_cast<int>(recorded / 20) + 1;
+  EXPECT_EQ((*summary)["restored"]["epoch"], epoch) << summary->dump();
+  itest::json per_epoch = (*summary)["examples_per_epoch"];
+  ASSERT_EQ(per_epoch.size(), 4u);
+  for (int e = 1; e <= 4; ++e) EXPECT_EQ(per_epoch[e - 1], e < epoch ? 0 : 2000) << e;
 }
 
 }  // namespace
