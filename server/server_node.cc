@@ -38,6 +38,13 @@ nlohmann::json ServerStatusJson(const ServerCore& core, ServerCore::Clock::time_
           // The slowest live worker's clock here: the coordinator names checkpoint clocks
           // ahead of it (--checkpoint_every=<N>s).
           {"clock", core.CheckpointClock()},
+          // What a restart from that checkpoint would roll back (--replicas=1).
+          {"pushes_since_checkpoint", core.pushes_since_checkpoint()},
+          // A server that replaced a dead one: the clock it restored (-1: the initial
+          // values) and how long loading it took.
+          {"replacement", core.replacement()},
+          {"restored_clock", st.restored_clock},
+          {"restore_seconds", core.restore_seconds()},
           {"held", held}};
 }
 
@@ -279,8 +286,22 @@ Status RunServer(const ServerOptions& options, Transport* transport,
   PS_ASSIGN_OR_RETURN(Registration reg, RegisterWithCoordinator(transport, options.coordinator, req,
                                                                 options.register_timeout));
   LOG(INFO) << "registered as server " << reg.id << " of " << reg.config.num_servers;
+  if (reg.replacement) {
+    // Replacing a dead server (--replicas=1): its shards come from the coordinator's latest
+    // recorded checkpoint set, not from the job's own --restore.
+    reg.config.restore = reg.restore_set;
+    LOG(WARNING) << "server " << reg.id << " replaces a dead server; restoring "
+                 << (reg.restore_set.empty() ? std::string("nothing (initial values)")
+                                             : reg.restore_set);
+  }
+  const auto restore_start = ServerCore::Clock::now();
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerCore> core,
                       ServerCore::Create(reg.config, reg.id, options.store));
+  if (reg.replacement) {
+    core->BecomeReplacement(
+        reg.evicted_workers, reg.idle_workers,
+        std::chrono::duration<double>(ServerCore::Clock::now() - restore_start).count());
+  }
   core->set_limits(options.limits);
   // Heartbeats from a thread of their own while serving (common/heartbeat.h).
   HeartbeatOptions hopt;
