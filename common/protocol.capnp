@@ -106,6 +106,8 @@ struct Header {
 struct Alive {
   role @0 :Role;
   id @1 :Int32;
+  pid @2 :UInt32;     # the sender's process id (0: unknown): a server replaced by another
+                      # process (--replicas=1) is told it is evicted, and stops
 }
 
 struct AliveReply {

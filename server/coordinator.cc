@@ -446,6 +446,11 @@ class CoordinatorJob {
     if (id >= 0 && static_cast<size_t>(id) < group->size()) {
       Member& m = (*group)[static_cast<size_t>(id)];
       evicted = m.dead || m.left;
+      // A server declared dead (stopped, say) that wakes after another process took its id:
+      // its beats are not the replacement's, and it must stop.
+      if (alive.getRole() == wire::Role::SERVER && alive.getPid() != 0 && alive.getPid() != m.pid) {
+        evicted = true;
+      }
       if (!evicted) m.last_seen = Clock::now();
     }
     capnp::MallocMessageBuilder b;

@@ -95,7 +95,8 @@ void ReportToCoordinator(ClientSocket& coordinator, ServerCore& core, uint64_t* 
 Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::atomic<bool>& stop,
                           std::chrono::milliseconds poll_interval, ClientSocket* coordinator,
                           std::chrono::milliseconds report_interval, ServerMetrics* metrics,
-                          BackupStore* backups, BackupLink* backup_link) {
+                          BackupStore* backups, BackupLink* backup_link,
+                          const HeartbeatSender* heartbeat) {
   std::vector<Outgoing> out;
   auto send = [&](std::vector<Outgoing>& replies) {
     for (Outgoing& o : replies) {
@@ -132,6 +133,12 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
   auto next_metrics = next_report;
   int64_t reported_checkpoint = core.last_checkpoint_clock();
   while (!stop.load(std::memory_order_relaxed)) {
+    if (heartbeat != nullptr && heartbeat->evicted()) {
+      LOG(ERROR) << "server " << core.server_id()
+                 << ": declared dead and replaced by another process; stopping";
+      return FailedPrecondition("server " + std::to_string(core.server_id()) +
+                                " was declared dead and replaced");
+    }
     if (core.last_checkpoint_clock() != reported_checkpoint) {
       // A new checkpoint: report now, so that the coordinator records the set soon after.
       reported_checkpoint = core.last_checkpoint_clock();
@@ -335,7 +342,7 @@ Status RunServer(const ServerOptions& options, Transport* transport,
   }
   Status s = ServeUntilShutdown(*socket, *core, stop, options.poll_interval, reg.coordinator.get(),
                                 options.report_interval, metrics ? &*metrics : nullptr,
-                                backups ? &*backups : nullptr, backup_link.get());
+                                backups ? &*backups : nullptr, backup_link.get(), heartbeat.get());
   if (s.code() == StatusCode::kAborted && !reg.config.checkpoint_dir.empty()) {
     // Stopped by a signal: keep what was trained since the last checkpoint, unless one at
     // this clock already stands (it is the consistent one).

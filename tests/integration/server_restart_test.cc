@@ -196,5 +196,83 @@ TEST_F(ServerRestartTest, AKilledServerIsReplacedAndRestoresTheLatestCheckpoint)
   }
 }
 
+// launch_local.sh restarts a server that dies (--restart_servers, on by default with
+// --replicas=1 and a --checkpoint_dir): kill -9 server 0 of a launched job; the script
+// starts it again with the same flags, and the job completes with the rollback listed.
+TEST_F(ServerRestartTest, TheLauncherRestartsADeadServer) {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::string run_dir = dir_.Join("launched");
+  const std::string ckpt = dir_.Join("launched-checkpoints");
+  std::vector<std::string> args = {"--servers",
+                                   "2",
+                                   "--workers",
+                                   "2",
+                                   "--",
+                                   "--epochs=2",
+                                   "--mlp_layers=784,32,10",
+                                   "--staleness=2",
+                                   "--replicas=1",
+                                   "--chunk_examples=2048",
+                                   "--base_lr=0.1",
+                                   "--report_every_seconds=0.2",
+                                   "--checkpoint_every=" + std::to_string(kCheckpointEvery),
+                                   "--checkpoint_dir=" + ckpt,
+                                   "--heartbeat_timeout=" + std::to_string(kHeartbeatTimeout)};
+  // Kills server 0 once a checkpoint set is recorded (from a thread: the script runs the
+  // job in the foreground).
+  const itest::Deadline deadline = itest::DeadlineIn(kJobTimeout);
+  pid_t killed = 0;
+  double killed_at = 0;
+  std::thread killer([&] {
+    while (SteadyClock::now() < deadline) {
+      std::ifstream in(ckpt + "/checkpoints.json");
+      json j = json::parse(in, nullptr, false);
+      Result<std::string> ep = itest::ReadFile(run_dir + "/coordinator.endpoint");
+      if (j.is_object() && j.contains("sets") && j["sets"].is_array() && !j["sets"].empty() &&
+          ep.ok()) {
+        std::string endpoint = *ep;
+        while (!endpoint.empty() && endpoint.back() == '\n') endpoint.pop_back();
+        for (const itest::ProcessInfo& p : itest::ScanProcesses()) {
+          if (p.comm == "ps_server" && p.state != 'Z' &&
+              p.cmdline.find(endpoint) != std::string::npos &&
+              p.cmdline.find("--id=0") != std::string::npos) {
+            killed_at = UnixNow();
+            if (kill(p.pid, SIGKILL) == 0) killed = p.pid;
+            return;
+          }
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  Result<itest::LaunchResult> r =
+      itest::RunLaunchLocal(args, run_dir, dir_.Join("launch.log"), kJobTimeout);
+  killer.join();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_NE(killed, 0) << "server 0 was not found to kill\n" << r->logs;
+  EXPECT_EQ(r->exit_status, 0) << r->logs;
+  EXPECT_TRUE(r->leftovers.empty()) << itest::Describe(r->leftovers);
+  ASSERT_TRUE(r->summary.is_object()) << r->logs;
+  EXPECT_EQ(r->summary.value("status", ""), "ok") << r->summary.dump();
+  json f;
+  for (const json& e : r->summary.value("failures", json::array())) {
+    if (e.value("kind", "") == "server_lost" && e.value("server", -1) == 0) f = e;
+  }
+  ASSERT_TRUE(f.is_object()) << r->summary.dump();
+  const double serving = f.value("serving_unix_time", 0.0) - killed_at;
+  std::printf(
+      "launch_local.sh: server 0 killed, restarted by the script, serving %.2f s after "
+      "the kill; %s\n",
+      serving, f["rollback"].dump().c_str());
+  EXPECT_NE(f.value("new_pid", 0u), static_cast<uint32_t>(killed));
+  EXPECT_GT(f.value("new_pid", 0u), 0u);
+  EXPECT_LE(serving, kHeartbeatTimeout + kDetectionSlack + 3.0);
+  EXPECT_GT(f["rollback"].value("checkpoint_clock", int64_t{-1}), 0) << f.dump();
+  EXPECT_EQ(r->summary["examples_per_epoch"], json(std::vector<uint64_t>(2, 60000)));
+  Result<std::string> console = itest::ReadFile(dir_.Join("launch.log"));
+  ASSERT_TRUE(console.ok()) << console.status().ToString();
+  EXPECT_NE(console->find("restarting it"), std::string::npos) << r->logs;
+}
+
 }  // namespace
 }  // namespace ps
