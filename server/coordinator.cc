@@ -786,6 +786,13 @@ class CoordinatorJob {
     } else {
       rollback["pushes_since_checkpoint"] = nullptr;
     }
+    // An estimate of all of them: the clocks rolled back at the pushes per clock the dead
+    // server had served on average.
+    if (before.clock > 0 && rollback["clocks_rolled_back"].get<int64_t>() > 0) {
+      rollback["pushes_since_checkpoint_estimate"] = static_cast<uint64_t>(
+          std::llround(static_cast<double>(before.pushes) / static_cast<double>(before.clock) *
+                       static_cast<double>(rollback["clocks_rolled_back"].get<int64_t>())));
+    }
     event["rollback"] = rollback;
     event["restarted_at"] = Elapsed();
     event["restarted_unix_time"] =
