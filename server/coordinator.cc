@@ -1849,17 +1849,26 @@ class CoordinatorJob {
     summary["joins"] = joins_;
     summary["heartbeat_timeout"] = config_.heartbeat_timeout;
     // pushes_lost also counts the acknowledged pushes a restarted server rolled back
-    // (--replicas=1): as many as it had reported applying since the checkpoint it was
-    // restored from, a lower bound (pushes after its last status report are not known).
-    // pushes_lost_by_workers and pushes_rolled_back give the two parts.
+    // (--replicas=1): per rollback the larger of the count the dead server reported since
+    // the checkpoint (a lower bound: the pushes after its last status report, sent every
+    // second, are not known) and the estimate from the clocks rolled back; so it is an
+    // estimate then (pushes_lost_estimated). pushes_lost_by_workers and pushes_rolled_back
+    // give the two parts.
     uint64_t rolled_back = 0;
+    bool estimated = false;
     for (const json& f : failures_) {
       if (!f.contains("rollback")) continue;
-      const json& n = f["rollback"]["pushes_since_checkpoint"];
-      if (n.is_number_unsigned()) rolled_back += n.get<uint64_t>();
+      estimated = true;
+      uint64_t n = 0;
+      for (const char* key : {"pushes_since_checkpoint", "pushes_since_checkpoint_estimate"}) {
+        const json& v = f["rollback"].value(key, json());
+        if (v.is_number_unsigned()) n = std::max(n, v.get<uint64_t>());
+      }
+      rolled_back += n;
     }
     summary["pushes_lost_by_workers"] = sum(workers, "pushes_lost");
     summary["pushes_rolled_back"] = rolled_back;
+    summary["pushes_lost_estimated"] = estimated;
     summary["pushes_lost"] = sum(workers, "pushes_lost") + rolled_back;
     summary["pushes_duplicate"] = sum(servers, "pushes_duplicate");
     summary["servers"] = servers;
