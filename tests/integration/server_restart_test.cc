@@ -297,5 +297,49 @@ TEST_F(ServerRestartTest, TheLauncherRestartsADeadServer) {
   EXPECT_NE(console->find("restarting it"), std::string::npos) << r->logs;
 }
 
+// A server that was only stopped (SIGSTOP) past the timeout is declared dead and replaced;
+// when it wakes, its heartbeat reply says another process holds its id, and it exits
+// (nothing it does reaches the model any more). The job completes on the replacement.
+TEST_F(ServerRestartTest, AStoppedServerThatWakesAfterItsReplacementExits) {
+  SKIP_WITHOUT_FASHION_MNIST();
+  deadline_ = itest::DeadlineIn(kJobTimeout);
+  Result<itest::ChildProcess> c = StartCoordinator(JobFlags(), deadline_, &endpoint_);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  coordinator_.emplace(std::move(c).value());
+  for (int s = 0; s < 2; ++s) {
+    Result<itest::ChildProcess> p = SpawnServer(s, "server-" + std::to_string(s) + ".log");
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    servers_.push_back(std::move(p).value());
+  }
+  for (int w = 0; w < 2; ++w) ASSERT_NO_FATAL_FAILURE(StartWorker(w));
+  ASSERT_TRUE(WaitForRecordedCheckpoint(0)) << "no checkpoint set was recorded";
+  ASSERT_EQ(kill(servers_[0].pid(), SIGSTOP), 0);
+  Result<itest::ChildProcess> replacement = SpawnServer(0, "server-0-restarted.log");
+  ASSERT_TRUE(replacement.ok()) << replacement.status().ToString();
+  // Wait until the replacement took the id (the coordinator says so on its console).
+  bool replaced = false;
+  while (!replaced && SteadyClock::now() < deadline_) {
+    Result<std::string> log = itest::ReadFile(coordinator_->log_path());
+    replaced = log.ok() && log->find("server 0 restarted") != std::string::npos;
+    if (!replaced) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(replaced) << "server 0 was not replaced";
+  ASSERT_EQ(kill(servers_[0].pid(), SIGCONT), 0);
+  const auto woke = SteadyClock::now();
+  // One heartbeat interval (timeout / 4) and its reply, with room for a loaded machine.
+  Result<int> rc = servers_[0].WaitExit(woke + std::chrono::seconds(10));
+  ASSERT_TRUE(rc.ok()) << "the stopped server did not exit once awake: " << rc.status().ToString();
+  EXPECT_NE(*rc, 0);
+  std::printf("a stopped server woke after its replacement and exited %.2f s later\n",
+              std::chrono::duration<double>(SteadyClock::now() - woke).count());
+  ExpectCleanExit(*coordinator_, "coordinator", deadline_);
+  for (auto& w : workers_) ExpectCleanExit(w, "worker", deadline_);
+  ExpectCleanExit(*replacement, "the replacement of server 0", deadline_);
+  Result<json> summary = ReadSummary();
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  EXPECT_EQ(summary->value("status", ""), "ok") << summary->dump();
+  EXPECT_EQ((*summary)["examples_per_epoch"], json(std::vector<uint64_t>(2, 60000)));
+}
+
 }  // namespace
 }  // namespace ps
