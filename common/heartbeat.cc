@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 #include <kj/exception.h>
+#include <unistd.h>
 
 #include "common/wire.h"
 
@@ -51,6 +52,7 @@ void HeartbeatSender::Loop() {
     auto alive = NewHeader(b, ++request_id, options_.id).getBody().initAlive();
     alive.setRole(options_.is_server ? wire::Role::SERVER : wire::Role::WORKER);
     alive.setId(options_.id);
+    alive.setPid(static_cast<uint32_t>(getpid()));
     Frames f;
     f.push_back(EncodeFrame(b));
     Status sent = socket_->Send(std::move(f));

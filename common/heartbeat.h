@@ -6,9 +6,10 @@
 // may be blocked for minutes in a lease request or the end-of-job barrier, and a
 // heartbeat must not wait behind it. A coordinator that answers no beat for
 // options.coordinator_timeout is reported lost, once (a worker then leaves as on SIGTERM,
-// instead of waiting minutes in calls to a job that is gone). Replies are read without waiting; a
-// reply saying that the coordinator evicted this worker (it was silent too long, e.g. stopped with
-// SIGSTOP, and its work went to others) sets evicted(), and the owner should stop. A reply that
+// instead of waiting minutes in calls to a job that is gone). Replies are read without
+// waiting; a reply saying that the coordinator evicted this process (a worker silent too
+// long, e.g. stopped with SIGSTOP, whose work went to others; or a server declared dead and
+// replaced by another process) sets evicted(), and the owner should stop. A reply that
 // lists redirects (a dead server's shards are served by its promoted backup, --replicas=2)
 // is passed to the redirect handler, on every beat: the handler must be idempotent.
 //
@@ -56,7 +57,7 @@ class HeartbeatSender {
 
   // Stops beating (the coordinator will declare this process dead unless it says it left).
   void Stop();
-  // The coordinator answered that it evicted this worker.
+  // The coordinator answered that it evicted this worker (or replaced this server).
   bool evicted() const { return evicted_.load(); }
   uint64_t beats_sent() const { return beats_.load(); }
   // Called from the heartbeat thread with (server, endpoint) for each redirect in a reply;

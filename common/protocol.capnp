@@ -106,6 +106,8 @@ struct Header {
 struct Alive {
   role @0 :Role;
   id @1 :Int32;
+  pid @2 :UInt32;     # the sender's process id (0: unknown): a server replaced by another
+                      # process (--replicas=1) is told it is evicted, and stops
 }
 
 struct AliveReply {
@@ -188,6 +190,15 @@ struct RegisterReply {
   group @3 :GroupAssignment;      # workers: the all-reduce group (size 0 or 1: none)
   startClock @4 :Int64;           # a job restored from a checkpoint: the clock workers start at
   startEpoch @5 :Int32;           # ... and the epoch training resumes at (0: none restored)
+  # Servers: this one replaces a dead server (--replicas=1) in the running job. It loads
+  # restoreSet (a recorded checkpoint set directory; empty: none, start from the initial
+  # values), drops evictedWorkers from its clock table and refuses their requests, and takes
+  # idleWorkers (done with training) out of the table; the other workers enter it again at
+  # their current clocks with the tick they send when redirected (worker/kv_client.h).
+  replacement @6 :Bool;
+  restoreSet @7 :Text;
+  evictedWorkers @8 :List(UInt32);
+  idleWorkers @9 :List(UInt32);
 }
 
 # A worker's place in an all-reduce group (worker/group_comm.h), formed by the coordinator.

@@ -56,6 +56,10 @@ Result<Registration> RegisterWithCoordinator(Transport* transport,
     out.start_clock = r.getStartClock();
     out.start_epoch = std::max(1, static_cast<int>(r.getStartEpoch()));
     if (out.start_clock < 0) return InvalidArgument("the coordinator sent a negative start clock");
+    out.replacement = r.getReplacement();
+    out.restore_set = r.getRestoreSet().cStr();
+    for (uint32_t w : r.getEvictedWorkers()) out.evicted_workers.push_back(static_cast<int>(w));
+    for (uint32_t w : r.getIdleWorkers()) out.idle_workers.push_back(static_cast<int>(w));
     for (auto s : r.getShardMap().getServers())
       out.server_endpoints.push_back(s.getEndpoint().cStr());
     if (r.hasGroup()) {

@@ -45,6 +45,13 @@ struct Registration {
   // epoch training resumes at; 0 and 1 for a fresh job.
   int64_t start_clock = 0;
   int start_epoch = 1;
+  // Servers: this one replaces a dead server of the running job (--replicas=1): restore
+  // `restore_set` ("" : start from the initial values), evict `evicted_workers` and take
+  // `idle_workers` out of the clock table (see RegisterReply in common/protocol.capnp).
+  bool replacement = false;
+  std::string restore_set;
+  std::vector<int> evicted_workers;
+  std::vector<int> idle_workers;
   // Still connected to the coordinator, for reports and the end of the job.
   std::unique_ptr<ClientSocket> coordinator;
 };

@@ -4,7 +4,8 @@
 #   scripts/launch_local.sh [FLAGFILE] [--servers N] [--workers N] [--run_dir DIR]
 #                           [--device DEV] [--slow_worker I:F] [--metrics_port P]
 #                           [--worker_flags "FLAGS"] [--transport tcp|ipc] [--no_build]
-#                           [--keys DIR | --insecure] [-- extra job flags]
+#                           [--keys DIR | --insecure] [--restart_servers | --no_restart_servers]
+#                           [-- extra job flags]
 #   scripts/launch_local.sh --join RUN_DIR [--device DEV] [-- extra ps_worker flags]
 #
 # FLAGFILE defaults to configs/fashion_mnist_mlp.flags. Extra job flags after `--` go to
@@ -25,6 +26,12 @@
 # coordinator notices (heartbeats), hands its data to the others and goes on. With
 # --replicas=2 (in the flagfile or after --) a server that dies does not stop it either:
 # the coordinator promotes its backup.
+# --restart_servers: with --replicas=1, a server that dies is started again at once with
+# the same flags (a fresh endpoint; at most 3 times per server): the coordinator declares
+# the old one dead after --heartbeat_timeout, and the new one takes its id and restores its
+# shards from the latest recorded checkpoint (what was trained on them since is lost: see
+# README, "Server failover"). On by default when the job has --replicas=1 and a
+# --checkpoint_dir; --no_restart_servers turns it off (a dead server then stops the job).
 # --join RUN_DIR adds one worker to the job running in RUN_DIR (it reads the coordinator's
 # endpoint there) and returns that worker's exit status; its log is
 # RUN_DIR/logs/worker-join-<time>.log.
@@ -44,6 +51,7 @@ build=1
 join_dir=""
 keys=""
 insecure=0
+restart_servers=auto
 extra=()
 usage() { sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
@@ -60,6 +68,8 @@ while [ $# -gt 0 ]; do
     --join) join_dir="$2"; shift 2 ;;
     --keys) keys="$2"; shift 2 ;;
     --insecure) insecure=1; shift ;;
+    --restart_servers) restart_servers=1; shift ;;
+    --no_restart_servers) restart_servers=0; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     -*) echo "launch_local.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
@@ -194,15 +204,22 @@ case "$transport" in
   tcp|ipc) ;;
   *) echo "launch_local.sh: --transport must be tcp or ipc, got '$transport'" >&2; exit 2 ;;
 esac
-for ((i = 0; i < servers; i++)); do
-  listen='tcp://127.0.0.1:*'
+# Starts server $1; $2 counts its restarts (a restarted server listens on a fresh endpoint,
+# so that the workers' redirect to it reconnects and resends).
+start_server() {
+  local i="$1" n="$2" listen='tcp://127.0.0.1:*'
   # Unix socket paths are limited to 107 bytes: /tmp, not the run directory.
-  [ "$transport" = ipc ] && listen="ipc:///tmp/ps-$$-server-$i.sock"
+  [ "$transport" = ipc ] && listen="ipc:///tmp/ps-$$-server-$i$([ "$n" = 0 ] || echo "-r$n").sock"
   "$bin/ps_server" --coordinator="$endpoint" --listen="$listen" --id="$i" "${security[@]}" \
     --metrics_port="$(metrics_port_of $((1 + i)))" \
-    >"$run_dir/logs/server-$i.log" 2>&1 &
+    >>"$run_dir/logs/server-$i.log" 2>&1 &
   pids+=($!); names+=("server-$i")
+}
+for ((i = 0; i < servers; i++)); do
+  : >"$run_dir/logs/server-$i.log"
+  start_server "$i" 0
 done
+declare -A restarts=()
 for ((i = 0; i < workers; i++)); do
   slowdown=1
   [ "$i" = "$slow_index" ] && slowdown="$slow_factor"
@@ -218,6 +235,15 @@ replicated=0
 for f in $(grep -hoE -- '--replicas=[0-9]+' "$flagfile" 2>/dev/null) "${extra[@]}"; do
   case "$f" in --replicas=2) replicated=1 ;; --replicas=*) replicated=0 ;; esac
 done
+# --restart_servers by default with --replicas=1 and a checkpoint directory (the last
+# setting wins; an empty one turns checkpoints off).
+if [ "$restart_servers" = auto ]; then
+  restart_servers=0
+  for f in $(grep -hoE -- '--checkpoint_dir=[^ ]*' "$flagfile" 2>/dev/null) "${extra[@]}"; do
+    case "$f" in --checkpoint_dir=) restart_servers=0 ;; --checkpoint_dir=*) restart_servers=1 ;; esac
+  done
+  [ "$replicated" = 1 ] && restart_servers=0
+fi
 
 # Wait for the coordinator to finish; stop early if any other process fails.
 rc=0
@@ -246,6 +272,13 @@ while true; do
   fi
   if [ "$status" -ne 0 ] && [[ "$name" == server-* ]] && [ "$replicated" = 1 ]; then
     echo "launch_local.sh: $name exited with status $status; its backup takes over (--replicas=2)" >&2
+    continue
+  fi
+  if [ "$status" -ne 0 ] && [[ "$name" == server-* ]] && [ "$restart_servers" = 1 ] &&
+     [ "${restarts[$name]:-0}" -lt 3 ]; then
+    restarts[$name]=$((${restarts[$name]:-0} + 1))
+    echo "launch_local.sh: $name exited with status $status; restarting it (restart ${restarts[$name]} of at most 3): it restores the latest checkpoint" >&2
+    start_server "${name#server-}" "${restarts[$name]}"
     continue
   fi
   if [ "$status" -ne 0 ]; then

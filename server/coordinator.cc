@@ -118,6 +118,11 @@ class CoordinatorJob {
       outcome = Train(stop);
     }
     RecordWholeSet();  // the workers are done: a whole set waits on nobody
+    for (const Member& m : waiting_servers_) {
+      ReplyError(m.peer, m.register_request,
+                 FailedPrecondition("the job ended with no dead server to replace"));
+    }
+    waiting_servers_.clear();
     json servers = json::array();
     // Servers are shut down whatever happened, so that no process outlives the job.
     Status shut = ShutdownServers(&servers);
@@ -401,10 +406,13 @@ class CoordinatorJob {
   // parameters come from the servers with its first pull; it enters the clock table at
   // the slowest live clock (ServerCore) and leases data like the others.
   Status OnJoin(const std::string& peer, uint64_t rid, wire::Register::Reader reg) {
+    if (reg.getRole() == wire::Role::SERVER && config_.replicas < 2) {
+      return OnServerJoin(peer, rid, reg);
+    }
     if (reg.getRole() != wire::Role::WORKER) {
       ReplyError(peer, rid,
-                 FailedPrecondition("the job is running: only workers may join it (a server "
-                                    "cannot be added or replaced)"));
+                 FailedPrecondition("the job is running: only workers may join it (with "
+                                    "--replicas=2 a server cannot be added or replaced)"));
       return Status::Ok();
     }
     if (final_eval_ || barrier_released_) {
@@ -439,19 +447,31 @@ class CoordinatorJob {
     if (id >= 0 && static_cast<size_t>(id) < group->size()) {
       Member& m = (*group)[static_cast<size_t>(id)];
       evicted = m.dead || m.left;
+      // A server declared dead (stopped, say) that wakes after another process took its id:
+      // its beats are not the replacement's, and it must stop.
+      if (alive.getRole() == wire::Role::SERVER && alive.getPid() != 0 && alive.getPid() != m.pid) {
+        evicted = true;
+      }
       if (!evicted) m.last_seen = Clock::now();
     }
     capnp::MallocMessageBuilder b;
     auto reply = NewHeader(b, rid, -1).getBody().initAliveReply();
     reply.setEvicted(evicted);
-    if (!promoted_.empty() && alive.getRole() == wire::Role::WORKER) {
-      // Failover: where the dead servers' shards are served now (the worker's KVClient
-      // reconnects and resends what they had not answered).
-      auto list = reply.initRedirects(static_cast<unsigned>(promoted_.size()));
+    if ((!promoted_.empty() || !replaced_.empty()) && alive.getRole() == wire::Role::WORKER) {
+      // Failover: where the dead servers' shards are served now: by a promoted backup
+      // (--replicas=2) or by a server that replaced the dead one (--replicas=1). The
+      // worker's KVClient reconnects and resends what they had not answered; a redirect to
+      // the endpoint it already uses changes nothing.
+      auto list = reply.initRedirects(static_cast<unsigned>(promoted_.size() + replaced_.size()));
       unsigned i = 0;
       for (const auto& [dead, backup] : promoted_) {
         list[i].setId(static_cast<uint32_t>(dead));
         list[i].setEndpoint(servers_[static_cast<size_t>(backup)].endpoint);
+        ++i;
+      }
+      for (int s : replaced_) {
+        list[i].setId(static_cast<uint32_t>(s));
+        list[i].setEndpoint(servers_[static_cast<size_t>(s)].endpoint);
         ++i;
       }
     }
@@ -643,18 +663,218 @@ class CoordinatorJob {
         failures_.push_back(std::move(event));
         continue;
       }
-      failures_.push_back(
-          {{"kind", "server_silent"},
-           {"process", "server-" + std::to_string(s)},
-           {"pid", m.pid},
-           {"time", Elapsed()},
-           {"recovered", config_.replicas >= 2
-                             ? "nothing yet: server " + std::to_string((s + 1) % servers_.size()) +
-                                   " holds a copy with every acknowledged push "
-                                   "(--replicas=2), but promoting it is not implemented"
-                             : std::string("nothing: server failover is not implemented")}});
+      // --replicas=1: the server is dead to the job; its slot waits for a replacement
+      // (OnServerJoin), which restores the latest recorded checkpoint set.
+      m.dead = true;
+      json event;
+      event["kind"] = "server_lost";
+      event["process"] = "server-" + std::to_string(s);
+      event["server"] = s;
+      event["pid"] = m.pid;
+      event["time"] = Elapsed();
+      event["silent_seconds"] = std::chrono::duration<double>(now - m.last_seen).count();
+      event["unix_time"] =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      // Where the workers stood: the slowest live clock the server last reported, and the
+      // fastest worker's clock in the workers' last reports.
+      event["clock_at_loss"] = server_live_[s].clock;
+      int64_t fastest = -1;
+      for (size_t w = 0; w < worker_live_.size(); ++w) {
+        if (!Gone(w) && worker_live_[w].reported)
+          fastest = std::max(fastest, worker_live_[w].clock);
+      }
+      event["workers_clock_at_loss"] = fastest;
+      event["recovered"] = "nothing yet: waiting for a replacement ps_server (--replicas=1)";
+      LOG(WARNING) << "server " << s << " declared dead: " << event.dump();
+      std::printf("server %d lost: waiting for a replacement server  %.1fs\n", static_cast<int>(s),
+                  Elapsed());
+      std::fflush(stdout);
+      metrics_failures_.Increment();
+      lost_live_[static_cast<int>(s)] = server_live_[s];
+      lost_event_[static_cast<int>(s)] = failures_.size();
+      failures_.push_back(std::move(event));
+      PS_RETURN_IF_ERROR(AssignWaitingServers());
     }
     return Status::Ok();
+  }
+
+  // A ps_server registered while the job runs (--replicas=1): it replaces a dead server,
+  // or waits (its registration unanswered) until one is declared dead, so that a server
+  // restarted before the coordinator noticed the death is not turned away.
+  Status OnServerJoin(const std::string& peer, uint64_t rid, wire::Register::Reader reg) {
+    Member m;
+    m.peer = peer;
+    m.endpoint = reg.getEndpoint().cStr();
+    m.device = reg.getDevice().cStr();
+    m.host = reg.getHost().cStr();
+    m.pid = reg.getPid();
+    m.register_request = rid;
+    m.requested_id = reg.getRequestedId();
+    if (Status ep = ValidateEndpoint(m.endpoint); !ep.ok()) {
+      ReplyError(peer, rid, ep);
+      return Status::Ok();
+    }
+    for (Member& w : waiting_servers_) {
+      if (w.peer == peer) {
+        w = std::move(m);  // the same process asking again
+        return AssignWaitingServers();
+      }
+    }
+    LOG(INFO) << "server registered while the job runs: " << m.endpoint << " (pid " << m.pid
+              << "); it replaces the next dead server";
+    waiting_servers_.push_back(std::move(m));
+    return AssignWaitingServers();
+  }
+
+  // Gives each dead server's slot (not failed over) to a waiting replacement: the one that
+  // asked for that id, else the first to come.
+  Status AssignWaitingServers() {
+    for (size_t s = 0; s < servers_.size() && !waiting_servers_.empty(); ++s) {
+      if (!servers_[s].dead || promoted_.count(static_cast<int>(s)) > 0) continue;
+      auto pick = waiting_servers_.begin();
+      for (auto it = waiting_servers_.begin(); it != waiting_servers_.end(); ++it) {
+        if (it->requested_id == static_cast<int>(s)) {
+          pick = it;
+          break;
+        }
+      }
+      Member m = std::move(*pick);
+      waiting_servers_.erase(pick);
+      PS_RETURN_IF_ERROR(ReplaceServer(static_cast<int>(s), std::move(m)));
+    }
+    return Status::Ok();
+  }
+
+  // The latest checkpoint set recorded by this job (or the one it restored from) whose
+  // files are whole; null when there is none.
+  json LatestJobSet() const {
+    for (auto it = job_sets_.rbegin(); it != job_sets_.rend(); ++it) {
+      Status whole = ValidateCheckpointSet((*it)["set"].get<std::string>(), config_.num_servers);
+      if (whole.ok()) return *it;
+      LOG(WARNING) << "recorded checkpoint " << (*it)["set"]
+                   << " is damaged, skipped: " << whole.ToString();
+    }
+    return json();
+  }
+
+  // Server `s` is dead (--replicas=1) and `m` takes its place: same id, its shards from the
+  // latest recorded checkpoint set. The updates to those shards after the set's clock are
+  // lost (a bounded rollback: the workers go on from their current clocks, since the other
+  // servers' shards hold their updates and cannot be rolled back with them); the failure
+  // entry says how many clocks and pushes.
+  Status ReplaceServer(int s, Member m) {
+    const size_t i = static_cast<size_t>(s);
+    const json set = LatestJobSet();
+    const int64_t restored = set.is_object() ? set["clock"].get<int64_t>() : 0;
+    json& event = failures_[lost_event_[s]];
+    const ServerLive& before = lost_live_[s];
+    json rollback;
+    rollback["checkpoint_clock"] = restored;
+    rollback["set"] = set.is_object() ? set["set"] : json(nullptr);
+    rollback["clock_at_loss"] = event["clock_at_loss"];
+    rollback["workers_clock_at_loss"] = event["workers_clock_at_loss"];
+    const int64_t at_loss = std::max(event.value("clock_at_loss", int64_t{-1}),
+                                     event.value("workers_clock_at_loss", int64_t{-1}));
+    rollback["clocks_rolled_back"] = at_loss >= restored ? at_loss - restored : 0;
+    // Pushes the dead server applied after that checkpoint, as of its last status report
+    // (so at least this many; the ones after that report are not known).
+    auto base = before.pushes_at_checkpoint.find(restored);
+    if (restored == 0 && base == before.pushes_at_checkpoint.end()) {
+      rollback["pushes_since_checkpoint"] = before.pushes;
+    } else if (base != before.pushes_at_checkpoint.end() && before.pushes >= base->second) {
+      rollback["pushes_since_checkpoint"] = before.pushes - base->second;
+    } else {
+      rollback["pushes_since_checkpoint"] = nullptr;
+    }
+    // An estimate of all of them: the clocks rolled back at the pushes per clock the dead
+    // server had served on average.
+    if (before.clock > 0 && rollback["clocks_rolled_back"].get<int64_t>() > 0) {
+      rollback["pushes_since_checkpoint_estimate"] = static_cast<uint64_t>(
+          std::llround(static_cast<double>(before.pushes) / static_cast<double>(before.clock) *
+                       static_cast<double>(rollback["clocks_rolled_back"].get<int64_t>())));
+    }
+    event["rollback"] = rollback;
+    event["restarted_at"] = Elapsed();
+    event["restarted_unix_time"] =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    event["new_pid"] = m.pid;
+    event["new_endpoint"] = m.endpoint;
+    event["recovered"] =
+        set.is_object()
+            ? "restarted (pid " + std::to_string(m.pid) + ") from the checkpoint at clock " +
+                  std::to_string(restored) +
+                  ": the updates to its shards after that clock are "
+                  "lost (a rollback of " +
+                  std::to_string(rollback["clocks_rolled_back"].get<int64_t>()) +
+                  " clocks); the workers go on from their clocks"
+            : "restarted (pid " + std::to_string(m.pid) +
+                  ") from the initial values: no checkpoint set was recorded, so every update "
+                  "to its shards is lost";
+    LOG(WARNING) << "server " << s << " replaced: " << event.dump();
+    std::printf("server %d restarted (pid %u) from %s  %.1fs\n", s, m.pid,
+                set.is_object() ? ("the checkpoint at clock " + std::to_string(restored)).c_str()
+                                : "the initial values",
+                Elapsed());
+    std::fflush(stdout);
+
+    m.last_seen = Clock::now();
+    servers_[i] = std::move(m);
+    server_live_[i] = ServerLive{};
+    if (i < server_sockets_.size()) server_sockets_[i].reset();
+    replaced_.insert(s);
+    awaiting_first_report_[s] = lost_event_[s];
+
+    std::map<std::string, std::string> flags = config_.ToFlagMap();
+    capnp::MallocMessageBuilder b;
+    auto r = NewHeader(b, servers_[i].register_request, -1).getBody().initRegisterReply();
+    r.setId(static_cast<uint32_t>(s));
+    auto cfg = r.initConfig(static_cast<unsigned>(flags.size()));
+    unsigned k = 0;
+    for (const auto& [key, v] : flags) {
+      cfg[k].setKey(key);
+      cfg[k].setValue(v);
+      ++k;
+    }
+    auto map = r.initShardMap();
+    map.setVersion(1);
+    auto list = map.initServers(static_cast<unsigned>(servers_.size()));
+    for (unsigned j = 0; j < servers_.size(); ++j) {
+      list[j].setId(j);
+      list[j].setEndpoint(servers_[j].endpoint);
+    }
+    r.setReplacement(true);
+    r.setRestoreSet(set.is_object() ? set["set"].get<std::string>() : std::string());
+    std::vector<uint32_t> evicted, idle;
+    for (size_t w = 0; w < workers_.size(); ++w) {
+      if (Gone(w)) {
+        evicted.push_back(static_cast<uint32_t>(w));
+      } else if (results_[w].done) {
+        idle.push_back(static_cast<uint32_t>(w));
+      }
+    }
+    auto ev = r.initEvictedWorkers(static_cast<unsigned>(evicted.size()));
+    for (unsigned j = 0; j < evicted.size(); ++j) ev.set(j, evicted[j]);
+    auto id = r.initIdleWorkers(static_cast<unsigned>(idle.size()));
+    for (unsigned j = 0; j < idle.size(); ++j) id.set(j, idle[j]);
+    if (Status sent = Send(servers_[i].peer, b); !sent.ok()) {
+      LOG(ERROR) << "server " << s << "'s replacement: " << sent.ToString();
+    }
+    return Status::Ok();
+  }
+
+  // The first status report of a replacement: it restored and serves. Completes its
+  // failure entry.
+  void OnReplacementServing(int s, const json& report) {
+    auto it = awaiting_first_report_.find(s);
+    if (it == awaiting_first_report_.end()) return;
+    json& event = failures_[it->second];
+    awaiting_first_report_.erase(it);
+    event["restore_seconds"] = report.value("restore_seconds", 0.0);
+    event["serving_unix_time"] =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    LOG(INFO) << "server " << s << "'s replacement serves (restore took "
+              << event["restore_seconds"] << " s)";
   }
 
   // Once every live worker is done: answers their `done` (the barrier before the final
@@ -780,6 +1000,7 @@ class CoordinatorJob {
     recorded_clock_ = start_clock_;
     leases_.StartAtEpoch(start_epoch_);
     epoch_ = std::min(start_epoch_, config_.epochs);
+    job_sets_.push_back({{"set", set}, {"clock", start_clock_}, {"epoch", start_epoch_}});
     restored_ = {{"set", set},
                  {"clock", start_clock_},
                  {"epoch", start_epoch_},
@@ -874,6 +1095,7 @@ class CoordinatorJob {
     }
     recorded_clock_ = clock;
     ++checkpoints_recorded_;
+    job_sets_.push_back(entry);
     LOG(INFO) << "checkpoint set at clock " << clock << " complete (resumes at epoch " << epoch
               << ")";
   }
@@ -895,6 +1117,9 @@ class CoordinatorJob {
         }
       }
     }
+    for (const char* key : {"pushes_since_checkpoint", "restore_seconds"}) {
+      if (j.contains(key) && !j[key].is_number()) return;
+    }
     if (j.contains("promoted_first_pull_unix_time") &&
         j["promoted_first_pull_unix_time"].is_object()) {
       NoteFirstPullsAfterFailover(j["promoted_first_pull_unix_time"]);
@@ -906,6 +1131,15 @@ class CoordinatorJob {
     }
     const double now = Elapsed();
     const uint64_t pushes = j.value("pushes", uint64_t{0});
+    if (live.checkpoint_clock >= 0 && j.contains("pushes_since_checkpoint")) {
+      // Its push count at that checkpoint: what a restart from it would roll back to.
+      const uint64_t since = j.value("pushes_since_checkpoint", uint64_t{0});
+      if (since <= pushes) live.pushes_at_checkpoint[live.checkpoint_clock] = pushes - since;
+      while (live.pushes_at_checkpoint.size() > 64) {
+        live.pushes_at_checkpoint.erase(live.pushes_at_checkpoint.begin());
+      }
+    }
+    OnReplacementServing(s, j);
     if (live.time > 0 && now > live.time && pushes >= live.pushes) {
       live.pushes_per_sec = static_cast<double>(pushes - live.pushes) / (now - live.time);
     }
@@ -1188,7 +1422,10 @@ class CoordinatorJob {
         }
         if (w < 0 && which == wire::Header::Body::REPORT) {
           if (int srv = ServerIndex(in->peer); srv >= 0) {
-            OnServerReport(srv, header.getBody().getReport().getJson().cStr());
+            // A server declared dead (stopped, now awake) changes nothing any more.
+            if (!servers_[static_cast<size_t>(srv)].dead) {
+              OnServerReport(srv, header.getBody().getReport().getJson().cStr());
+            }
             capnp::MallocMessageBuilder b;
             NewHeader(b, rid, -1).getBody().initReportReply().setCheckpointAt(checkpoint_at_);
             // The server may be gone by now; that is for its own failure to tell.
@@ -1699,7 +1936,28 @@ class CoordinatorJob {
     summary["failures"] = failures_;
     summary["joins"] = joins_;
     summary["heartbeat_timeout"] = config_.heartbeat_timeout;
-    summary["pushes_lost"] = sum(workers, "pushes_lost");
+    // pushes_lost also counts the acknowledged pushes a restarted server rolled back
+    // (--replicas=1): per rollback the larger of the count the dead server reported since
+    // the checkpoint (a lower bound: the pushes after its last status report, sent every
+    // second, are not known) and the estimate from the clocks rolled back; so it is an
+    // estimate then (pushes_lost_estimated). pushes_lost_by_workers and pushes_rolled_back
+    // give the two parts.
+    uint64_t rolled_back = 0;
+    bool estimated = false;
+    for (const json& f : failures_) {
+      if (!f.contains("rollback")) continue;
+      estimated = true;
+      uint64_t n = 0;
+      for (const char* key : {"pushes_since_checkpoint", "pushes_since_checkpoint_estimate"}) {
+        const json& v = f["rollback"].value(key, json());
+        if (v.is_number_unsigned()) n = std::max(n, v.get<uint64_t>());
+      }
+      rolled_back += n;
+    }
+    summary["pushes_lost_by_workers"] = sum(workers, "pushes_lost");
+    summary["pushes_rolled_back"] = rolled_back;
+    summary["pushes_lost_estimated"] = estimated;
+    summary["pushes_lost"] = sum(workers, "pushes_lost") + rolled_back;
     summary["pushes_duplicate"] = sum(servers, "pushes_duplicate");
     summary["servers"] = servers;
     summary["config"] = config_.ToFlagMap();
@@ -1758,6 +2016,14 @@ class CoordinatorJob {
   // Failures and joins.
   std::vector<std::unique_ptr<ClientSocket>> server_sockets_;  // for evictions, by server id
   std::map<int, int> promoted_;  // failover: dead server -> the backup serving its shards
+  // --replicas=1: servers replaced by a restarted process (their new endpoint is theirs),
+  // processes waiting for a dead server to replace, and per dead server its failure entry
+  // (index in failures_) and its last status.
+  std::set<int> replaced_;
+  std::vector<Member> waiting_servers_;
+  std::map<int, size_t> lost_event_;
+  std::map<int, size_t> awaiting_first_report_;
+  json job_sets_ = json::array();  // checkpoint sets of this job, oldest first
   uint64_t evict_request_ = 0;
   json failures_ = json::array();
   json joins_ = json::array();
@@ -1815,8 +2081,10 @@ class CoordinatorJob {
     double pushes_per_sec = 0;
     int64_t clock = -1;  // the slowest live worker's clock there
     double clocks_per_sec = 0;
-    int64_t checkpoint_clock = -1;  // the latest checkpoint it committed
+    int64_t checkpoint_clock = -1;                     // the latest checkpoint it committed
+    std::map<int64_t, uint64_t> pushes_at_checkpoint;  // its push count at each checkpoint
   };
+  std::map<int, ServerLive> lost_live_;  // a dead server's last status
   std::vector<WorkerLive> worker_live_;
   std::vector<ServerLive> server_live_;
 

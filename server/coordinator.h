@@ -16,7 +16,18 @@
 // The evaluator is worker 0, or the lowest live worker once 0 is gone. A server silent
 // past the timeout is listed; with --replicas=2 it is declared dead and its backup
 // promoted: the backup serves the copy of its shards, the workers are redirected in their
-// heartbeat replies, and the end of the job skips it (server/replication.h).
+// heartbeat replies, and the end of the job skips it (server/replication.h). With
+// --replicas=1 it is declared dead (`server_lost`) and its slot waits for a replacement: a
+// ps_server that registers while the job runs (before or after the death is declared)
+// takes the dead server's id and gets, in its registration reply, the latest checkpoint
+// set this job recorded (or none: the initial values) and the workers that are gone or
+// done. The workers are redirected to it in their heartbeat replies, resend what the dead
+// server had not answered and tick their current clocks there. The updates to its shards
+// after the set's clock are lost: a bounded rollback, accepted rather than replayed,
+// because the other servers' shards keep their updates and the workers' data leases have
+// moved on (replaying clocks would train those examples twice on the other shards). The
+// failure entry's `rollback` says which clock was restored, where the workers were, and
+// how many pushes the dead server had reported since that checkpoint.
 //
 // Checkpoints (server/checkpoint.h): servers report the clock of each checkpoint they
 // commit; once every server has one and every training worker's lease requests have passed

@@ -221,6 +221,7 @@ Status ServerCore::WriteCheckpointTo(const std::string& dir, int64_t clock) {
   PS_RETURN_IF_ERROR(w.Commit());
   ++stats_.checkpoints_written;
   last_checkpoint_clock_ = std::max(last_checkpoint_clock_, clock);
+  pushes_at_checkpoint_ = stats_.pushes_applied;
   LOG(INFO) << "server " << server_id_ << ": checkpoint at clock " << clock << " -> " << w.path();
   return Status::Ok();
 }
@@ -291,6 +292,23 @@ Status ServerCore::RestoreCheckpoint(const std::string& set_dir) {
   stats_.restored_clock = clock;
   LOG(INFO) << "server " << server_id_ << ": restored " << path << " (clock " << clock << ")";
   return Status::Ok();
+}
+
+void ServerCore::BecomeReplacement(const std::vector<int>& evicted, const std::vector<int>& idle,
+                                   double restore_seconds) {
+  replacement_ = true;
+  restore_seconds_ = restore_seconds;
+  checkpoint_base_ = last_checkpoint_clock_;
+  pushes_at_checkpoint_ = stats_.pushes_applied;
+  for (int w : evicted) {
+    if (!CheckWorker(w, "evict").ok()) continue;  // out of range, or already evicted
+    evicted_[static_cast<size_t>(w)] = true;
+    left_[static_cast<size_t>(w)] = true;
+    ++stats_.workers_evicted;
+  }
+  for (int w : idle) {
+    if (CheckWorker(w, "leave").ok()) left_[static_cast<size_t>(w)] = true;
+  }
 }
 
 Status ServerCore::ExportSafetensors(const std::string& path) {
@@ -479,7 +497,10 @@ Result<Frames> ServerCore::HandlePush(wire::Header::Reader h, const Frames& requ
   }
   const uint32_t table_id = push.getTableId();
   const uint64_t version = shard_version_[table_id];
-  const uint64_t pulled = push.getPulledVersion();
+  uint64_t pulled = push.getPulledVersion();
+  // A replacement restored an older version than the one the workers pulled from the dead
+  // server: such a gradient's staleness is not known; counted as fresh.
+  if (pulled > version && replacement_) pulled = version;
   if (pulled > version) {
     return InvalidArgument("push claims shard version " + std::to_string(pulled) + " of table '" +
                            a.table->spec().name + "', but it is only at " +
@@ -662,7 +683,8 @@ Result<Frames> ServerCore::HandleClock(wire::Header::Reader h, std::vector<Outgo
   int64_t checkpoint_at = -1;
   if (!config_.checkpoint_dir.empty() && min_clock != INT64_MAX) {
     if (config_.checkpoint_every > 0 &&
-        min_clock >= last_checkpoint_clock_ + config_.checkpoint_every) {
+        min_clock >= last_checkpoint_clock_ + config_.checkpoint_every &&
+        (!replacement_ || (min_clock - checkpoint_base_) % config_.checkpoint_every == 0)) {
       checkpoint_at = min_clock;
     } else if (checkpoint_requested_ >= 0 && min_clock >= checkpoint_requested_) {
       if (min_clock == checkpoint_requested_) {

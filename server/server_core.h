@@ -172,6 +172,21 @@ class ServerCore {
   // checkpoint, or already asked for, is ignored (true).
   bool RequestCheckpointAt(int64_t clock);
   int64_t checkpoint_requested() const { return checkpoint_requested_; }
+  // Pushes applied since the latest checkpoint this server wrote or restored (what a
+  // restart from that checkpoint would roll back).
+  uint64_t pushes_since_checkpoint() const { return stats_.pushes_applied - pushes_at_checkpoint_; }
+  // This server replaces a dead one of a running job (--replicas=1, server/coordinator.h),
+  // after RestoreCheckpoint (or from the initial values). The restored clock table is a
+  // lower bound of the workers' clocks: each live worker's tick on being redirected brings
+  // it to its current clock, so pulls wait for that rather than being served early.
+  // `evicted` workers were declared dead (refused from now on); `idle` ones finished
+  // training (out of the clock table). Checkpoints by --checkpoint_every=N clocks stay at
+  // the clocks the other servers write (the restored clock plus multiples of N) although
+  // this table jumps from the restored clock to the workers' clocks.
+  void BecomeReplacement(const std::vector<int>& evicted, const std::vector<int>& idle,
+                         double restore_seconds);
+  bool replacement() const { return replacement_; }
+  double restore_seconds() const { return restore_seconds_; }
   int64_t last_checkpoint_clock() const { return last_checkpoint_clock_; }
   bool evicted(int worker) const {
     return worker >= 0 && static_cast<size_t>(worker) < evicted_.size() &&
@@ -242,6 +257,10 @@ class ServerCore {
   std::vector<float*> fetched_;  // scratch of ForEachRow
   int64_t last_checkpoint_clock_ = 0;
   int64_t checkpoint_requested_ = -1;  // RequestCheckpointAt's clock, -1: none
+  uint64_t pushes_at_checkpoint_ = 0;  // stats_.pushes_applied at the latest checkpoint
+  bool replacement_ = false;           // BecomeReplacement was called
+  int64_t checkpoint_base_ = 0;        // --checkpoint_every=N clocks fall on base + k N
+  double restore_seconds_ = 0;
   RequestLimits limits_;
 };
 

@@ -39,6 +39,13 @@ nlohmann::json ServerStatusJson(const ServerCore& core, ServerCore::Clock::time_
           // The slowest live worker's clock here: the coordinator names checkpoint clocks
           // ahead of it (--checkpoint_every=<N>s).
           {"clock", core.CheckpointClock()},
+          // What a restart from that checkpoint would roll back (--replicas=1).
+          {"pushes_since_checkpoint", core.pushes_since_checkpoint()},
+          // A server that replaced a dead one: the clock it restored (-1: the initial
+          // values) and how long loading it took.
+          {"replacement", core.replacement()},
+          {"restored_clock", st.restored_clock},
+          {"restore_seconds", core.restore_seconds()},
           {"held", held}};
 }
 
@@ -97,7 +104,8 @@ void ReportToCoordinator(ClientSocket& coordinator, ServerCore& core, uint64_t* 
 Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::atomic<bool>& stop,
                           std::chrono::milliseconds poll_interval, ClientSocket* coordinator,
                           std::chrono::milliseconds report_interval, ServerMetrics* metrics,
-                          BackupStore* backups, BackupLink* backup_link) {
+                          BackupStore* backups, BackupLink* backup_link,
+                          const HeartbeatSender* heartbeat) {
   std::vector<Outgoing> out;
   auto send = [&](std::vector<Outgoing>& replies) {
     for (Outgoing& o : replies) {
@@ -136,6 +144,12 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
   auto next_metrics = next_report;
   int64_t reported_checkpoint = core.last_checkpoint_clock();
   while (!stop.load(std::memory_order_relaxed)) {
+    if (heartbeat != nullptr && heartbeat->evicted()) {
+      LOG(ERROR) << "server " << core.server_id()
+                 << ": declared dead and replaced by another process; stopping";
+      return FailedPrecondition("server " + std::to_string(core.server_id()) +
+                                " was declared dead and replaced");
+    }
     if (core.last_checkpoint_clock() != reported_checkpoint) {
       // A new checkpoint: report now, so that the coordinator records the set soon after.
       reported_checkpoint = core.last_checkpoint_clock();
@@ -298,8 +312,22 @@ Status RunServer(const ServerOptions& options, Transport* transport,
   PS_ASSIGN_OR_RETURN(Registration reg, RegisterWithCoordinator(transport, options.coordinator, req,
                                                                 options.register_timeout));
   LOG(INFO) << "registered as server " << reg.id << " of " << reg.config.num_servers;
+  if (reg.replacement) {
+    // Replacing a dead server (--replicas=1): its shards come from the coordinator's latest
+    // recorded checkpoint set, not from the job's own --restore.
+    reg.config.restore = reg.restore_set;
+    LOG(WARNING) << "server " << reg.id << " replaces a dead server; restoring "
+                 << (reg.restore_set.empty() ? std::string("nothing (initial values)")
+                                             : reg.restore_set);
+  }
+  const auto restore_start = ServerCore::Clock::now();
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerCore> core,
                       ServerCore::Create(reg.config, reg.id, options.store));
+  if (reg.replacement) {
+    core->BecomeReplacement(
+        reg.evicted_workers, reg.idle_workers,
+        std::chrono::duration<double>(ServerCore::Clock::now() - restore_start).count());
+  }
   core->set_limits(options.limits);
   // Heartbeats from a thread of their own while serving (common/heartbeat.h).
   HeartbeatOptions hopt;
@@ -333,7 +361,7 @@ Status RunServer(const ServerOptions& options, Transport* transport,
   }
   Status s = ServeUntilShutdown(*socket, *core, stop, options.poll_interval, reg.coordinator.get(),
                                 options.report_interval, metrics ? &*metrics : nullptr,
-                                backups ? &*backups : nullptr, backup_link.get());
+                                backups ? &*backups : nullptr, backup_link.get(), heartbeat.get());
   if (s.code() == StatusCode::kAborted && !reg.config.checkpoint_dir.empty()) {
     // Stopped by a signal: keep what was trained since the last checkpoint, unless one at
     // this clock already stands (it is the consistent one).

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "common/heartbeat.h"
 #include "common/status.h"
 #include "common/transport.h"
 #include "server/replication.h"
@@ -55,13 +56,15 @@ struct ServerOptions {
 // without); with a `backup_link`, each push, clock tick and evict is forwarded to the
 // backup after `core` applied it and before its replies are sent. When the backup stops
 // answering, the server logs it and goes on without replication.
+// With a `heartbeat` whose replies say this server was declared dead and replaced
+// (--replicas=1), the loop ends with FailedPrecondition.
 Status ServeUntilShutdown(
     ServerSocket& socket, ServerCore& core, const std::atomic<bool>& stop,
     std::chrono::milliseconds poll_interval = std::chrono::milliseconds(200),
     ClientSocket* coordinator = nullptr,
     std::chrono::milliseconds report_interval = std::chrono::milliseconds(1000),
     ServerMetrics* metrics = nullptr, BackupStore* backups = nullptr,
-    BackupLink* backup_link = nullptr);
+    BackupLink* backup_link = nullptr, const HeartbeatSender* heartbeat = nullptr);
 
 // A server's live status as it reports it to the coordinator: kind "server", server,
 // shards, rows, rows_spilled, pushes, pulls, bytes, held pulls (queue_depth) and who each

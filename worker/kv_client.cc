@@ -311,8 +311,10 @@ Ticket KVClient::Enqueue(std::shared_ptr<Request> request, std::vector<std::shar
     // An empty request (zero rows) completes at once, below.
     request->remaining = std::max<int>(1, static_cast<int>(parts.size()));
     requests_[ticket] = request;
-    // The frames are kept for retries, and with replicas for a resend after a failover.
-    const bool retry = options_.retry_interval.count() > 0 || config_.replicas >= 2;
+    // The frames are kept for retries, and for a resend after a failover (with replicas,
+    // or to a server restarted from a checkpoint).
+    const bool retry = options_.retry_interval.count() > 0 || config_.replicas >= 2 ||
+                       !config_.checkpoint_dir.empty();
     for (size_t i = 0; i < parts.size(); ++i) {
       parts[i]->ticket = ticket;
       parts[i]->request = request;
@@ -333,13 +335,20 @@ Ticket KVClient::Enqueue(std::shared_ptr<Request> request, std::vector<std::shar
 }
 
 Ticket KVClient::Clock(Callback done) {
+  in_clock_table_.store(true);
   clock_.fetch_add(1);
   return SendClock(false, false, std::move(done));
 }
 
-Ticket KVClient::Leave(Callback done) { return SendClock(true, false, std::move(done)); }
+Ticket KVClient::Leave(Callback done) {
+  in_clock_table_.store(false);
+  return SendClock(true, false, std::move(done));
+}
 
-Ticket KVClient::Rejoin(Callback done) { return SendClock(false, true, std::move(done)); }
+Ticket KVClient::Rejoin(Callback done) {
+  in_clock_table_.store(true);
+  return SendClock(false, true, std::move(done));
+}
 
 Ticket KVClient::SendClock(bool leave, bool rejoin, Callback done) {
   auto request = std::make_shared<Request>();
@@ -616,6 +625,10 @@ void KVClient::ApplyRedirects(std::vector<zmq::pollitem_t>& items) {
     sockets_[s] = std::move(socket).value();
     endpoints_[s] = endpoint;
     items[s] = {sockets_[s]->PollHandle().handle(), 0, ZMQ_POLLIN, 0};
+    // Where this worker stands, read before the parts are: every push of the clocks
+    // before `clock` is among them (or answered).
+    const int64_t clock = clock_.load();
+    const bool in_table = in_clock_table_.load();
     // Everything the dead server had not answered, in request-id order (the order it was
     // sent in), with the same ids: a push it applied is answered again, not applied twice.
     std::vector<std::pair<uint64_t, Frames>> resend;
@@ -634,6 +647,20 @@ void KVClient::ApplyRedirects(std::vector<zmq::pollitem_t>& items) {
       Status sent = sockets_[s]->Send(std::move(frames));
       if (!sent.ok()) LOG(WARNING) << "resend to server " << server << ": " << sent.ToString();
     }
+    // Then this worker's clock (or that it is out of the clock table), after its pushes: a
+    // server restarted from a checkpoint (--replicas=1) knows only the checkpoint's clocks
+    // and would hold pulls on them. Its reply answers no part and is dropped; a promoted
+    // backup already has this clock, and a repeated tick changes nothing.
+    capnp::MallocMessageBuilder b;
+    auto h = NewHeader(b, next_request_id_.fetch_add(1), options_.client_id);
+    h.setTargetServer(server);
+    auto tick = h.getBody().initClock();
+    tick.setClock(clock);
+    tick.setLeave(!in_table);
+    Frames frames;
+    frames.push_back(EncodeFrame(b));
+    Status sent = sockets_[s]->Send(std::move(frames));
+    if (!sent.ok()) LOG(WARNING) << "clock to server " << server << ": " << sent.ToString();
   }
 }
 

@@ -35,6 +35,10 @@
 // pushes the dead primary acknowledged, and answers a retried one again without applying
 // it twice. Every request names its target server (header targetServer), so that the
 // backup knows which of its shards copies a request is for.
+// With --replicas=1 a dead server is replaced by a new process restored from a checkpoint
+// (server/coordinator.h), and the redirect names that process: the same resend, then a
+// clock tick with this worker's current clock (or a leave, when it is out of the clock
+// table), so that the restored server's clock table learns where the worker stands.
 //
 // Thread model: all public methods are thread-safe. One internal I/O thread owns the
 // sockets (one DEALER per server); callers hand it requests through a queue and an
@@ -204,6 +208,7 @@ class KVClient {
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> next_request_id_;  // random start (see Retries above)
   std::atomic<int64_t> clock_{0};
+  std::atomic<bool> in_clock_table_{true};  // false after Leave, until Clock or Rejoin
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -192,5 +192,57 @@ TEST_F(CheckpointTest, ANamedClockIsWrittenExactlyThereAndAPassedOneRefused) {
   EXPECT_EQ(core->stats().checkpoints_written, 2u);
 }
 
+// A server that replaces a dead one (--replicas=1) restores a set whose clocks are behind
+// the workers': it holds a pull until the worker's tick says where it stands (the tick a
+// redirected KVClient sends), refuses evicted workers, accepts gradients computed from the
+// lost versions, and writes its next checkpoints at the clocks the other servers do.
+TEST_F(CheckpointTest, AReplacementLearnsTheWorkersClocksAndKeepsTheCheckpointClocks) {
+  config_.num_workers = 2;
+  auto a = ServerCore::Create(config_, 0, store_).value();
+  for (int64_t c = 1; c <= 5; ++c) {
+    Step(*a, c, 0.1f);
+    Frames t = ClockTick(rid_++, 1, c);
+    ASSERT_TRUE(ReplyStatus(a->HandleOne(t)).ok());
+  }
+  ASSERT_TRUE(std::filesystem::exists(CheckpointFile(dir_, 4, 0)));
+
+  JobConfig restore = config_;
+  restore.restore = CheckpointSetDir(dir_, 4);
+  auto b = ServerCore::Create(restore, 0, store_).value();
+  b->BecomeReplacement(/*evicted=*/{1}, /*idle=*/{}, 0.25);
+  EXPECT_TRUE(b->replacement());
+  EXPECT_EQ(b->restore_seconds(), 0.25);
+  EXPECT_EQ(b->worker_clock(0), 4);
+  // Worker 0 is at clock 7 by now; its pull waits for its own tick (BSP), not served on the
+  // checkpoint's clock table.
+  std::vector<Outgoing> out;
+  ServerCore::After after = ServerCore::After::kContinue;
+  Frames pull = testing::RangePull(rid_++, 0, 0, 10, /*worker=*/0, /*clock=*/7);
+  b->Handle("w0", pull, &out, &after);
+  EXPECT_TRUE(out.empty()) << "a pull at clock 7 was served on the restored clock table";
+  Frames tick = ClockTick(rid_++, 0, 7);
+  b->Handle("w0", tick, &out, &after);
+  ASSERT_EQ(out.size(), 2u) << "the tick's reply and the released pull";
+  EXPECT_TRUE(ReplyStatus(out[1].frames).ok());
+  EXPECT_EQ(b->worker_clock(0), 7);
+  // Evicted: worker 1 died before the replacement came.
+  Frames t1 = ClockTick(rid_++, 1, 7);
+  EXPECT_EQ(ReplyStatus(b->HandleOne(t1)).code(), StatusCode::kFailedPrecondition);
+  // A gradient computed from a version the dead server had reached (past the restored one).
+  Frames p = testing::VersionedPush(rid_++, 0, 0, 10, std::vector<float>(30, 0.1f), 0, 7, 1000);
+  EXPECT_TRUE(ReplyStatus(b->HandleOne(p)).ok());
+  EXPECT_EQ(b->pushes_since_checkpoint(), 1u);
+  // The next checkpoints: at 8 and 10 (4 + k * 2, where the other servers write), not at
+  // 7 where the table jumped to.
+  for (int64_t c = 8; c <= 10; ++c) {
+    Frames t = ClockTick(rid_++, 0, c);
+    ASSERT_TRUE(ReplyStatus(b->HandleOne(t)).ok());
+  }
+  EXPECT_FALSE(std::filesystem::exists(CheckpointFile(dir_, 7, 0)));
+  EXPECT_TRUE(std::filesystem::exists(CheckpointFile(dir_, 8, 0)));
+  EXPECT_TRUE(std::filesystem::exists(CheckpointFile(dir_, 10, 0)));
+  EXPECT_EQ(b->pushes_since_checkpoint(), 0u);
+}
+
 }  // namespace
 }  // namespace ps

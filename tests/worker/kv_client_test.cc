@@ -289,6 +289,18 @@ TEST(KVClientRetryTest, ARedirectResendsUnansweredPartsWithTheSameIds) {
   for (Outgoing& r : out) ASSERT_TRUE(backup->Send(r.peer, std::move(r.frames)).ok());
   EXPECT_TRUE(client->Wait(t).ok());
   EXPECT_EQ(core->ReadRow(0, 0).value(), std::vector<float>({-1.0f, -1.0f}));
+  // Then the client's clock, after the resent parts (a server restarted from a checkpoint
+  // learns where the worker stands); its reply answers no ticket and is dropped.
+  in = backup->Recv(std::chrono::seconds(10));
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  h = DecodedHeader::Decode(in->frames[0]).value();
+  ASSERT_EQ(h.get().getBody().which(), wire::Header::Body::CLOCK);
+  EXPECT_EQ(h.get().getBody().getClock().getClock(), client->clock());
+  EXPECT_FALSE(h.get().getBody().getClock().getLeave());
+  EXPECT_EQ(h.get().getTargetServer(), 0);
+  out.clear();
+  core->Handle(in->peer, in->frames, &out, &after);
+  for (Outgoing& r : out) ASSERT_TRUE(backup->Send(r.peer, std::move(r.frames)).ok());
   // Later requests go to the new endpoint.
   std::vector<float> rows(8);
   const Ticket pull = client->PullRange(0, RowRange{0, 4}, rows);
