@@ -98,11 +98,13 @@ struct Outgoing {
 struct StoreOptions {
   // Bytes this server's rows (values and optimizer state, dense and sparse) may take in
   // memory: dense tables stay resident, the rest is split evenly among sparse tables,
-  // whose colder rows spill to RocksDB. -1: the job's --memory_budget; 0: no limit.
+  // whose colder rows spill to disk. -1: the job's --memory_budget; 0: no limit.
   int64_t memory_budget = -1;
-  // The parent directory of the spill databases (one per sparse table); empty: fresh
+  // The parent directory of the spill tier (one directory per sparse table); empty: fresh
   // directories under the system's temp directory.
   std::string spill_dir;
+  // What holds the spilled rows (server/row_store.h).
+  SpillEngine spill_engine = SpillEngine::kFile;
 };
 
 // The process's peak resident set (VmHWM of /proc/self/status) in bytes; 0 where unknown.
