@@ -211,17 +211,27 @@ Status SpillFile::Grow() {
 }
 
 Status SpillFile::ForEachRecord(void* ctx, void (*fn)(void*, uint64_t, const char*)) {
-  // One bucket a read: a larger read would make large page cache folios (see the header).
-  for (uint64_t b = 0; b < buckets_; ++b) {
-    const uint32_t count = counts_[b];
-    if (count == 0) continue;
-    PS_RETURN_IF_ERROR(
-        PreadAll(fd_, bucket_.data(), count * record_bytes(), b * bucket_bytes_, path_));
-    for (uint32_t i = 0; i < count; ++i) {
-      const char* record = bucket_.data() + i * record_bytes();
-      uint64_t key;
-      std::memcpy(&key, record, 8);
-      fn(ctx, key, record + 8);
+  // kScanBuckets buckets a read (a scan is one pread per bucket otherwise: 3x slower
+  // checkpoints than RocksDB's iterator). Reads leave the page cache's folios as they are
+  // (the file is POSIX_FADV_RANDOM); only large writes made them large.
+  constexpr uint64_t kScanBuckets = 64;
+  std::vector<char> window(kScanBuckets * bucket_bytes_);
+  for (uint64_t first = 0; first < buckets_; first += kScanBuckets) {
+    const uint64_t end = std::min(buckets_, first + kScanBuckets);
+    uint64_t lo = first, hi = end;
+    while (lo < hi && counts_[lo] == 0) ++lo;
+    while (hi > lo && counts_[hi - 1] == 0) --hi;
+    if (lo == hi) continue;
+    const size_t bytes = (hi - lo - 1) * bucket_bytes_ + counts_[hi - 1] * record_bytes();
+    PS_RETURN_IF_ERROR(PreadAll(fd_, window.data(), bytes, lo * bucket_bytes_, path_));
+    for (uint64_t b = lo; b < hi; ++b) {
+      const char* bucket = window.data() + (b - lo) * bucket_bytes_;
+      for (uint32_t i = 0; i < counts_[b]; ++i) {
+        const char* record = bucket + i * record_bytes();
+        uint64_t key;
+        std::memcpy(&key, record, 8);
+        fn(ctx, key, record + 8);
+      }
     }
   }
   return Status::Ok();

@@ -20,9 +20,10 @@
 // (linear probing); rows are never deleted, so a lookup ends at the first bucket that is not
 // full. Past 80% of the records the table doubles (each record is copied into a new file of
 // twice the buckets; the places handed out before become stale: generation() changes).
-// The file is read and written in pieces of at most a bucket (and told POSIX_FADV_RANDOM):
-// a 128-byte pwrite into a page cache folio that a large read or write made large cost
-// 47 us instead of 2.5 us (ext4 walks every block of the folio), here, on kernel 6.18.
+// The file is written in pieces of at most a bucket and told POSIX_FADV_RANDOM (no
+// readahead): a 128-byte pwrite into a page cache folio that a large write or readahead made
+// large cost 47 us instead of 2.5 us (ext4 walks every block of the folio), on this VM's
+// kernel 6.18. Lookups read only a bucket's records; scans (ForEach) read 64 buckets at once.
 //
 // Thread model: not thread-safe; owned by one RowStore (the server's request loop).
 #pragma once
