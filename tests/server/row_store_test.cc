@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -129,6 +130,49 @@ TEST_P(RowStoreEngineTest, NewRowsStartWithTheInitializerWhereverTheyLive) {
 
 INSTANTIATE_TEST_SUITE_P(Engines, RowStoreEngineTest,
                          ::testing::Values(SpillEngine::kFile, SpillEngine::kRocksDB), EngineName);
+
+// Rows read back from the spill file remember where they lie; when new rows make the file
+// double (moving every record) those places go stale, and a later write-back must still
+// land on the row's record. Each batch mixes rows read back (and changed) with new rows.
+TEST(RowStoreTest, ChangedRowsSurviveTheSpillFileDoubling) {
+  const size_t stride = 4;
+  RowStoreOptions o;
+  o.memory_budget = BudgetForRows(1100, stride);  // the file is sized for ~8x that at first
+  auto store = RowStore::Open(SparseSpec(2), 5, stride, o).value();
+  std::map<uint64_t, float> expected;  // key -> float 0 of its row
+  std::vector<float*> rows;
+  uint64_t next_new = 0;
+  std::mt19937_64 rng(17);
+  for (int batch = 0; batch < 120; ++batch) {
+    std::vector<uint64_t> keys;
+    for (int i = 0; i < 300; ++i) keys.push_back(next_new++ * 7919 + 1);
+    for (int i = 0; i < 200 && !expected.empty(); ++i) {
+      keys.push_back(std::next(expected.begin(), rng() % expected.size())->first);
+    }
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    ASSERT_TRUE(store->Fetch(keys, /*for_write=*/true, &rows).ok());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto it = expected.find(keys[i]);
+      if (it != expected.end()) {
+        ASSERT_EQ(rows[i][0], it->second) << "key " << keys[i];
+      }
+      const float v = static_cast<float>(batch) + 0.25f * static_cast<float>(i % 4);
+      for (size_t j = 0; j < stride; ++j) rows[i][j] = v;
+      expected[keys[i]] = v;
+    }
+  }
+  ASSERT_GT(expected.size(), 8 * store->capacity());  // the file doubled at least once
+  std::vector<uint64_t> all;
+  for (const auto& [k, v] : expected) all.push_back(k);
+  for (size_t first = 0; first < all.size(); first += 1000) {
+    std::span<const uint64_t> batch(all.data() + first, std::min<size_t>(1000, all.size() - first));
+    ASSERT_TRUE(store->Fetch(batch, /*for_write=*/false, &rows).ok());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      for (size_t j = 0; j < stride; ++j) ASSERT_EQ(rows[i][j], expected[batch[i]]) << batch[i];
+    }
+  }
+}
 
 TEST(RowStoreTest, ABudgetTooSmallIsRefusedWithTheFigures) {
   RowStoreOptions o;
