@@ -183,7 +183,7 @@ Result<uint32_t> RowStore::TakeSlot(rocksdb::WriteBatch* batch) {
     slot_ref_.push_back(0);
     slot_dirty_.push_back(0);
     slot_pin_.push_back(0);
-    slot_place_.push_back(SpillFile::kNowhere);
+    if (file_ != nullptr) slot_place_.push_back(SpillFile::kNowhere);
     return static_cast<uint32_t>(used);
   }
   // Two sweeps clear every reference bit; a third finds a victim unless all are pinned.
