@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "common/shard_map.h"
+#include "server/spill_file.h"
 
 namespace ps {
 namespace {
@@ -45,7 +46,29 @@ const rocksdb::WriteOptions& SpillWriteOptions() {
   return o;
 }
 
+// The share of the budget that resident rows get, as numerator / 8.
+uint64_t RowEighths(SpillEngine engine) { return engine == SpillEngine::kFile ? 7 : 6; }
+
 }  // namespace
+
+Result<SpillEngine> ParseSpillEngine(const std::string& name) {
+  if (name == "file") return SpillEngine::kFile;
+  if (name == "rocksdb") return SpillEngine::kRocksDB;
+  return InvalidArgument("spill engine '" + name + "': expected file or rocksdb");
+}
+
+const char* SpillEngineName(SpillEngine engine) {
+  return engine == SpillEngine::kFile ? "file" : "rocksdb";
+}
+
+uint64_t RowStore::RowsForBudget(uint64_t memory_budget, size_t stride, SpillEngine engine) {
+  return memory_budget / 8 * RowEighths(engine) / (stride * sizeof(float) + kRowOverheadBytes);
+}
+
+uint64_t RowStore::BudgetForRows(uint64_t rows, size_t stride, SpillEngine engine) {
+  const uint64_t need = rows * (stride * sizeof(float) + kRowOverheadBytes);
+  return (need + RowEighths(engine) - 1) / RowEighths(engine) * 8 + 64;
+}
 
 RowStore::RowStore(const TableSpec& spec, uint64_t seed, size_t stride, size_t capacity)
     : spec_(spec), seed_(seed), stride_(stride), capacity_(capacity) {}
@@ -56,13 +79,14 @@ Result<std::unique_ptr<RowStore>> RowStore::Open(const TableSpec& spec, uint64_t
     return std::unique_ptr<RowStore>(new RowStore(spec, seed, stride, SIZE_MAX));
   }
   const uint64_t row_bytes = stride * sizeof(float) + kRowOverheadBytes;
-  const uint64_t capacity = options.memory_budget / 4 * 3 / row_bytes;
+  const uint64_t capacity = RowsForBudget(options.memory_budget, stride, options.engine);
   if (capacity < kMinRows) {
     return InvalidArgument("a memory budget of " + std::to_string(options.memory_budget) +
                            " bytes for table '" + spec.name + "' holds only " +
                            std::to_string(capacity) + " rows of " + std::to_string(row_bytes) +
                            " bytes; at least " + std::to_string(kMinRows) + " are needed (" +
-                           std::to_string(kMinRows * row_bytes * 4 / 3 + 1) + " bytes)");
+                           std::to_string(BudgetForRows(kMinRows, stride, options.engine)) +
+                           " bytes)");
   }
   if (capacity >= UINT32_MAX) return InvalidArgument("memory budget too large for one table");
   std::unique_ptr<RowStore> store(new RowStore(spec, seed, stride, capacity));
@@ -82,6 +106,17 @@ Result<std::unique_ptr<RowStore>> RowStore::Open(const TableSpec& spec, uint64_t
       return InvalidArgument("--spill_dir=" + options.spill_dir +
                              " cannot be created: " + ec.message());
     }
+  }
+
+  if (options.engine == SpillEngine::kFile) {
+    // Sized for 8x the resident rows before it first doubles (a sparse file: the unused
+    // part takes no disk).
+    PS_ASSIGN_OR_RETURN(store->file_, SpillFile::Create(store->dir_ + "/rows",
+                                                        stride * sizeof(float), capacity * 8));
+    LOG(INFO) << "table '" << spec.name << "': memory budget " << options.memory_budget
+              << " bytes holds " << capacity << " rows; colder rows spill to " << store->dir_
+              << "/rows";
+    return store;
   }
 
   rocksdb::Options o;
@@ -121,14 +156,25 @@ Result<std::unique_ptr<RowStore>> RowStore::Open(const TableSpec& spec, uint64_t
 }
 
 RowStore::~RowStore() {
-  if (db_ == nullptr) return;
-  (void)db_->Close();
-  delete db_;
+  if (!spills()) return;
+  file_.reset();
+  if (db_ != nullptr) {
+    (void)db_->Close();
+    delete db_;
+  }
   std::error_code ec;
   std::filesystem::remove_all(dir_, ec);
 }
 
-Result<uint32_t> RowStore::TakeSlot(void* batch_ptr) {
+void RowStore::SyncPlaces() {
+  if (place_generation_ == file_->generation()) return;
+  for (uint64_t& p : slot_place_) {
+    if (p != SpillFile::kAbsent) p = SpillFile::kNowhere;  // absent stays absent
+  }
+  place_generation_ = file_->generation();
+}
+
+Result<uint32_t> RowStore::TakeSlot(rocksdb::WriteBatch* batch) {
   const size_t used = slot_key_.size();
   if (used < capacity_) {
     if (used % kRowsPerBlock == 0)
@@ -137,9 +183,9 @@ Result<uint32_t> RowStore::TakeSlot(void* batch_ptr) {
     slot_ref_.push_back(0);
     slot_dirty_.push_back(0);
     slot_pin_.push_back(0);
+    if (file_ != nullptr) slot_place_.push_back(SpillFile::kNowhere);
     return static_cast<uint32_t>(used);
   }
-  auto* batch = static_cast<rocksdb::WriteBatch*>(batch_ptr);
   // Two sweeps clear every reference bit; a third finds a victim unless all are pinned.
   for (size_t step = 0; step < 3 * capacity_; ++step) {
     const uint32_t s = static_cast<uint32_t>(hand_);
@@ -150,12 +196,18 @@ Result<uint32_t> RowStore::TakeSlot(void* batch_ptr) {
       continue;
     }
     if (slot_dirty_[s]) {
-      char k[8];
-      EncodeKey(slot_key_[s], k);
       const size_t bytes = stride_ * sizeof(float);
-      rocksdb::Status st =
-          batch->Put(rocksdb::Slice(k, 8), rocksdb::Slice(reinterpret_cast<char*>(Slot(s)), bytes));
-      PS_RETURN_IF_ERROR(FromRocks(st, "write batch"));
+      if (file_ != nullptr) {
+        SyncPlaces();
+        PS_RETURN_IF_ERROR(
+            file_->Write(slot_key_[s], reinterpret_cast<char*>(Slot(s)), slot_place_[s]));
+      } else {
+        char k[8];
+        EncodeKey(slot_key_[s], k);
+        rocksdb::Status st = batch->Put(rocksdb::Slice(k, 8),
+                                        rocksdb::Slice(reinterpret_cast<char*>(Slot(s)), bytes));
+        PS_RETURN_IF_ERROR(FromRocks(st, "write batch"));
+      }
       ++stats_.write_backs;
       stats_.bytes_written += bytes;
     }
@@ -192,55 +244,8 @@ Status RowStore::Fetch(std::span<const uint64_t> keys, bool for_write, std::vect
   if (!missing_.empty()) {
     std::sort(missing_.begin(), missing_.end());
     missing_.erase(std::unique(missing_.begin(), missing_.end()), missing_.end());
-    const size_t n = missing_.size();
-    std::vector<char> key_bytes(n * 8);
-    std::vector<rocksdb::Slice> slices(n);
-    std::vector<rocksdb::PinnableSlice> values(n);
-    std::vector<rocksdb::Status> statuses(n);
-    if (db_ != nullptr && rows_on_disk_only_ > 0) {
-      for (size_t j = 0; j < n; ++j) {
-        EncodeKey(missing_[j], &key_bytes[j * 8]);
-        slices[j] = rocksdb::Slice(&key_bytes[j * 8], 8);
-      }
-      rocksdb::ReadOptions ro;
-      ro.fill_cache = false;  // the row moves into a slot: caching its block too is a copy
-      db_->MultiGet(ro, db_->DefaultColumnFamily(), n, slices.data(), values.data(),
-                    statuses.data(), /*sorted_input=*/true);
-    } else {
-      for (auto& s : statuses) s = rocksdb::Status::NotFound();
-    }
-    rocksdb::WriteBatch batch;
-    const size_t bytes = stride_ * sizeof(float);
-    for (size_t j = 0; j < n; ++j) {
-      PS_ASSIGN_OR_RETURN(uint32_t s, TakeSlot(&batch));
-      float* row = Slot(s);
-      if (statuses[j].ok()) {
-        if (values[j].size() != bytes) {
-          return Internal("spill tier: row " + std::to_string(missing_[j]) + " of table '" +
-                          spec_.name + "' has " + std::to_string(values[j].size()) +
-                          " bytes on disk, expected " + std::to_string(bytes));
-        }
-        std::memcpy(row, values[j].data(), bytes);
-        slot_dirty_[s] = 0;  // RocksDB holds the same bytes
-        --rows_on_disk_only_;
-        ++stats_.misses;
-        stats_.bytes_read += bytes;
-      } else if (statuses[j].IsNotFound()) {
-        std::fill(row, row + stride_, 0.0f);
-        InitializeRow(spec_, seed_, missing_[j], std::span<float>(row, spec_.width));
-        slot_dirty_[s] = 1;  // not on disk yet
-        ++stats_.created;
-      } else {
-        return FromRocks(statuses[j], "read of row " + std::to_string(missing_[j]));
-      }
-      slot_key_[s] = missing_[j];
-      slot_ref_[s] = 1;
-      slot_pin_[s] = epoch_;
-      index_.emplace(missing_[j], s);
-    }
-    if (batch.Count() > 0) {
-      PS_RETURN_IF_ERROR(FromRocks(db_->Write(SpillWriteOptions(), &batch), "write-back"));
-    }
+    PS_RETURN_IF_ERROR(file_ != nullptr || db_ == nullptr ? FetchMissingFromFile()
+                                                          : FetchMissingFromRocks());
   }
   for (size_t i = 0; i < keys.size(); ++i) {
     uint32_t s = slot_of_[i] >= 0 ? static_cast<uint32_t>(slot_of_[i]) : index_.at(keys[i]);
@@ -250,7 +255,104 @@ Status RowStore::Fetch(std::span<const uint64_t> keys, bool for_write, std::vect
   return Status::Ok();
 }
 
+// Without a budget (no file) every missing row is new. Each miss is read straight into its
+// slot after the victim's write-back, so no row is copied twice.
+Status RowStore::FetchMissingFromFile() {
+  const size_t bytes = stride_ * sizeof(float);
+  for (uint64_t key : missing_) {
+    PS_ASSIGN_OR_RETURN(uint32_t s, TakeSlot(nullptr));
+    float* row = Slot(s);
+    bool found = false;
+    uint64_t place = SpillFile::kAbsent;
+    if (file_ != nullptr && rows_on_disk_only_ > 0) {
+      PS_RETURN_IF_ERROR(file_->Read(key, reinterpret_cast<char*>(row), &found, &place));
+      if (!found) place = SpillFile::kAbsent;
+    }
+    if (found) {
+      slot_dirty_[s] = 0;  // the file holds the same bytes
+      --rows_on_disk_only_;
+      ++stats_.misses;
+      stats_.bytes_read += bytes;
+    } else {
+      std::fill(row, row + stride_, 0.0f);
+      InitializeRow(spec_, seed_, key, std::span<float>(row, spec_.width));
+      slot_dirty_[s] = 1;  // not on disk yet
+      ++stats_.created;
+    }
+    if (file_ != nullptr) {
+      SyncPlaces();
+      slot_place_[s] = place;
+    }
+    slot_key_[s] = key;
+    slot_ref_[s] = 1;
+    slot_pin_[s] = epoch_;
+    index_.emplace(key, s);
+  }
+  return Status::Ok();
+}
+
+Status RowStore::FetchMissingFromRocks() {
+  const size_t n = missing_.size();
+  std::vector<char> key_bytes(n * 8);
+  std::vector<rocksdb::Slice> slices(n);
+  std::vector<rocksdb::PinnableSlice> values(n);
+  std::vector<rocksdb::Status> statuses(n);
+  if (db_ != nullptr && rows_on_disk_only_ > 0) {
+    for (size_t j = 0; j < n; ++j) {
+      EncodeKey(missing_[j], &key_bytes[j * 8]);
+      slices[j] = rocksdb::Slice(&key_bytes[j * 8], 8);
+    }
+    rocksdb::ReadOptions ro;
+    ro.fill_cache = false;  // the row moves into a slot: caching its block too is a copy
+    db_->MultiGet(ro, db_->DefaultColumnFamily(), n, slices.data(), values.data(), statuses.data(),
+                  /*sorted_input=*/true);
+  } else {
+    for (auto& s : statuses) s = rocksdb::Status::NotFound();
+  }
+  rocksdb::WriteBatch batch;
+  const size_t bytes = stride_ * sizeof(float);
+  for (size_t j = 0; j < n; ++j) {
+    PS_ASSIGN_OR_RETURN(uint32_t s, TakeSlot(&batch));
+    float* row = Slot(s);
+    if (statuses[j].ok()) {
+      if (values[j].size() != bytes) {
+        return Internal("spill tier: row " + std::to_string(missing_[j]) + " of table '" +
+                        spec_.name + "' has " + std::to_string(values[j].size()) +
+                        " bytes on disk, expected " + std::to_string(bytes));
+      }
+      std::memcpy(row, values[j].data(), bytes);
+      slot_dirty_[s] = 0;  // RocksDB holds the same bytes
+      --rows_on_disk_only_;
+      ++stats_.misses;
+      stats_.bytes_read += bytes;
+    } else if (statuses[j].IsNotFound()) {
+      std::fill(row, row + stride_, 0.0f);
+      InitializeRow(spec_, seed_, missing_[j], std::span<float>(row, spec_.width));
+      slot_dirty_[s] = 1;  // not on disk yet
+      ++stats_.created;
+    } else {
+      return FromRocks(statuses[j], "read of row " + std::to_string(missing_[j]));
+    }
+    slot_key_[s] = missing_[j];
+    slot_ref_[s] = 1;
+    slot_pin_[s] = epoch_;
+    index_.emplace(missing_[j], s);
+  }
+  if (batch.Count() > 0) {
+    PS_RETURN_IF_ERROR(FromRocks(db_->Write(SpillWriteOptions(), &batch), "write-back"));
+  }
+  return Status::Ok();
+}
+
 Status RowStore::ForEachSpilled(void* ctx, void (*fn)(void*, uint64_t, const float*)) {
+  if (file_ != nullptr) {
+    std::vector<float> row(stride_);
+    return file_->ForEach([&](uint64_t key, const char* bytes) {
+      if (index_.count(key) != 0) return;  // the resident copy is the current one
+      std::memcpy(row.data(), bytes, row.size() * sizeof(float));
+      fn(ctx, key, row.data());
+    });
+  }
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   const size_t bytes = stride_ * sizeof(float);
   std::vector<float> row(stride_);

@@ -73,6 +73,7 @@ Status ServerCore::CreateTables(const StoreOptions& store) {
     RowRange held = t.dense() ? shard_map_.DenseRangeOf(t.id, server_id_) : RowRange{};
     RowStoreOptions ro;
     ro.memory_budget = sparse_share;
+    ro.engine = store.spill_engine;
     if (!store.spill_dir.empty()) {
       ro.spill_dir = store.spill_dir + "/server-" + std::to_string(server_id_) + "-table-" +
                      std::to_string(t.id);

@@ -65,7 +65,7 @@ struct ServerStats {
   uint64_t rows_in_memory = 0;
   uint64_t rows_spilled = 0;
   uint64_t cache_hits = 0;
-  uint64_t cache_misses = 0;  // rows read back from RocksDB
+  uint64_t cache_misses = 0;  // rows read back from the spill tier
   uint64_t spill_bytes_read = 0;
   uint64_t spill_bytes_written = 0;
   uint64_t peak_rss_bytes = 0;  // the process's (VmHWM), 0 where unknown
@@ -98,11 +98,13 @@ struct Outgoing {
 struct StoreOptions {
   // Bytes this server's rows (values and optimizer state, dense and sparse) may take in
   // memory: dense tables stay resident, the rest is split evenly among sparse tables,
-  // whose colder rows spill to RocksDB. -1: the job's --memory_budget; 0: no limit.
+  // whose colder rows spill to disk. -1: the job's --memory_budget; 0: no limit.
   int64_t memory_budget = -1;
-  // The parent directory of the spill databases (one per sparse table); empty: fresh
+  // The parent directory of the spill tier (one directory per sparse table); empty: fresh
   // directories under the system's temp directory.
   std::string spill_dir;
+  // What holds the spilled rows (server/row_store.h).
+  SpillEngine spill_engine = SpillEngine::kFile;
 };
 
 // The process's peak resident set (VmHWM of /proc/self/status) in bytes; 0 where unknown.
@@ -155,7 +157,7 @@ class ServerCore {
   const ShardMap& shard_map() const { return shard_map_; }
   // Writes this server's rows (values only) to a safetensors file (server/export.h):
   // dense tables as "<name>" [rows held, width], sparse ones as "<name>.ids" and
-  // "<name>.values". Spilled rows are read from RocksDB; the file's data passes through
+  // "<name>.values". Spilled rows are read from the spill tier; the file's data passes through
   // memory once, so an export may exceed the memory budget.
   Status ExportSafetensors(const std::string& path);
   // Writes this server's shard at `clock` (server/checkpoint.h) under --checkpoint_dir

@@ -24,7 +24,11 @@ DEFINE_string(memory_budget, "",
 DEFINE_string(export_dir, "",
               "when set: at job end write this server's rows to DIR/server-ID.safetensors");
 DEFINE_string(spill_dir, "",
-              "parent directory of the RocksDB spill databases (empty: under the temp directory)");
+              "parent directory of the spill tier, one directory per sparse table (empty: under "
+              "the temp directory)");
+DEFINE_string(spill_engine, "file",
+              "what holds spilled rows: file (an on-disk hash table of fixed-size rows, read "
+              "with pread: fast) or rocksdb");
 DEFINE_int64(max_frame_mb, 1024,
              "largest frame accepted, MB; a peer sending a larger one is disconnected");
 DEFINE_int32(max_frames, 64, "most frames in one request; a longer one gets an error");
@@ -71,6 +75,12 @@ int main(int argc, char** argv) {
     options.store.memory_budget = static_cast<int64_t>(budget.value());
   }
   options.store.spill_dir = FLAGS_spill_dir;
+  ps::Result<ps::SpillEngine> engine = ps::ParseSpillEngine(FLAGS_spill_engine);
+  if (!engine.ok()) {
+    LOG(ERROR) << "--spill_engine: " << engine.status().message();
+    return 2;
+  }
+  options.store.spill_engine = engine.value();
   options.export_dir = FLAGS_export_dir;
   ps::TransportOptions topt;
   topt.io_threads = FLAGS_io_threads;

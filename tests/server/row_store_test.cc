@@ -1,6 +1,6 @@
-// The spill tier: rows past the memory budget go to RocksDB and come back unchanged; where a
-// row lives never changes a result; concurrent clients lose no update under eviction; the
-// process's memory stays within the budget plus a stated overhead.
+// The spill tier: rows past the memory budget go to disk (a spill file or RocksDB) and come back
+// unchanged; where a row lives never changes a result; concurrent clients lose no update under
+// eviction; the process's memory stays within the budget plus a stated overhead.
 #include "server/row_store.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -35,9 +36,15 @@ TableSpec SparseSpec(uint32_t width) {
   return t;
 }
 
-// Capacity of a budget for rows of `stride` floats (as RowStore computes it).
-uint64_t BudgetForRows(uint64_t rows, size_t stride) {
-  return (rows * (stride * sizeof(float) + RowStore::kRowOverheadBytes)) / 3 * 4 + 4096;
+// A budget that holds `rows` rows of `stride` floats in memory.
+uint64_t BudgetForRows(uint64_t rows, size_t stride, SpillEngine engine = SpillEngine::kFile) {
+  return RowStore::BudgetForRows(rows, stride, engine);
+}
+
+// The tests that read rows back run against both spill engines.
+class RowStoreEngineTest : public ::testing::TestWithParam<SpillEngine> {};
+std::string EngineName(const ::testing::TestParamInfo<SpillEngine>& info) {
+  return SpillEngineName(info.param);
 }
 
 float Value(uint64_t key, size_t j, int round) {
@@ -45,10 +52,11 @@ float Value(uint64_t key, size_t j, int round) {
          0.5f * static_cast<float>(round);
 }
 
-TEST(RowStoreTest, MoreRowsThanTheBudgetReadBackExactly) {
+TEST_P(RowStoreEngineTest, MoreRowsThanTheBudgetReadBackExactly) {
   const size_t stride = 12;
   RowStoreOptions o;
-  o.memory_budget = BudgetForRows(2000, stride);
+  o.engine = GetParam();
+  o.memory_budget = BudgetForRows(2000, stride, GetParam());
   auto store = RowStore::Open(SparseSpec(8), 7, stride, o).value();
   ASSERT_TRUE(store->spills());
   ASSERT_GE(store->capacity(), 2000u);
@@ -100,10 +108,11 @@ TEST(RowStoreTest, MoreRowsThanTheBudgetReadBackExactly) {
   EXPECT_EQ(seen, keys.size());
 }
 
-TEST(RowStoreTest, NewRowsStartWithTheInitializerWhereverTheyLive) {
+TEST_P(RowStoreEngineTest, NewRowsStartWithTheInitializerWhereverTheyLive) {
   const size_t stride = 4;
   RowStoreOptions small;
-  small.memory_budget = BudgetForRows(1100, stride);
+  small.engine = GetParam();
+  small.memory_budget = BudgetForRows(1100, stride, GetParam());
   auto spilled = RowStore::Open(SparseSpec(2), 11, stride, small).value();
   auto memory = RowStore::Open(SparseSpec(2), 11, stride, RowStoreOptions{}).value();
   ASSERT_FALSE(memory->spills());
@@ -115,6 +124,52 @@ TEST(RowStoreTest, NewRowsStartWithTheInitializerWhereverTheyLive) {
     ASSERT_TRUE(memory->Fetch(keys, false, &b).ok());
     for (size_t i = 0; i < keys.size(); ++i) {
       ASSERT_EQ(std::memcmp(a[i], b[i], stride * sizeof(float)), 0) << keys[i];
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Engines, RowStoreEngineTest,
+                         ::testing::Values(SpillEngine::kFile, SpillEngine::kRocksDB), EngineName);
+
+// Rows read back from the spill file remember where they lie; when new rows make the file
+// double (moving every record) those places go stale, and a later write-back must still
+// land on the row's record. Each batch mixes rows read back (and changed) with new rows.
+TEST(RowStoreTest, ChangedRowsSurviveTheSpillFileDoubling) {
+  const size_t stride = 4;
+  RowStoreOptions o;
+  o.memory_budget = BudgetForRows(1100, stride);  // the file is sized for ~8x that at first
+  auto store = RowStore::Open(SparseSpec(2), 5, stride, o).value();
+  std::map<uint64_t, float> expected;  // key -> float 0 of its row
+  std::vector<float*> rows;
+  uint64_t next_new = 0;
+  std::mt19937_64 rng(17);
+  for (int batch = 0; batch < 120; ++batch) {
+    std::vector<uint64_t> keys;
+    for (int i = 0; i < 300; ++i) keys.push_back(next_new++ * 7919 + 1);
+    for (int i = 0; i < 200 && !expected.empty(); ++i) {
+      keys.push_back(std::next(expected.begin(), rng() % expected.size())->first);
+    }
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    ASSERT_TRUE(store->Fetch(keys, /*for_write=*/true, &rows).ok());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto it = expected.find(keys[i]);
+      if (it != expected.end()) {
+        ASSERT_EQ(rows[i][0], it->second) << "key " << keys[i];
+      }
+      const float v = static_cast<float>(batch) + 0.25f * static_cast<float>(i % 4);
+      for (size_t j = 0; j < stride; ++j) rows[i][j] = v;
+      expected[keys[i]] = v;
+    }
+  }
+  ASSERT_GT(expected.size(), 8 * store->capacity());  // the file doubled at least once
+  std::vector<uint64_t> all;
+  for (const auto& [k, v] : expected) all.push_back(k);
+  for (size_t first = 0; first < all.size(); first += 1000) {
+    std::span<const uint64_t> batch(all.data() + first, std::min<size_t>(1000, all.size() - first));
+    ASSERT_TRUE(store->Fetch(batch, /*for_write=*/false, &rows).ok());
+    for (size_t i = 0; i < batch.size(); ++i) {
+      for (size_t j = 0; j < stride; ++j) ASSERT_EQ(rows[i][j], expected[batch[i]]) << batch[i];
     }
   }
 }
@@ -160,14 +215,17 @@ JobConfig SparseJob(const std::string& optimizer, uint32_t width) {
 // One BSP worker's steps: pull a batch of Zipf-ish keys, push a gradient computed from the
 // pulled values. Run against the full model in memory and against ~20% of it: every pull
 // and the final weights are equal bit for bit.
-TEST(SpillServerTest, SameWeightsBitForBitWithTwentyPercentInMemory) {
+class SpillServerEngineTest : public ::testing::TestWithParam<SpillEngine> {};
+
+TEST_P(SpillServerEngineTest, SameWeightsBitForBitWithTwentyPercentInMemory) {
   const uint32_t width = 8;
   JobConfig config = SparseJob("adam", width);
   const uint64_t kRows = 20000;
   const size_t stride = width + 2 * width + 1;  // adam: m, v, t
   auto memory = ServerCore::Create(config, 0).value();
   StoreOptions so;
-  so.memory_budget = static_cast<int64_t>(BudgetForRows(kRows / 5, stride));
+  so.spill_engine = GetParam();
+  so.memory_budget = static_cast<int64_t>(BudgetForRows(kRows / 5, stride, GetParam()));
   auto spilled = ServerCore::Create(config, 0, so).value();
 
   std::mt19937_64 rng(5);
@@ -204,6 +262,9 @@ TEST(SpillServerTest, SameWeightsBitForBitWithTwentyPercentInMemory) {
     ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "row " << r;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Engines, SpillServerEngineTest,
+                         ::testing::Values(SpillEngine::kFile, SpillEngine::kRocksDB), EngineName);
 
 // A request with more rows than the budget holds is served in parts.
 TEST(SpillServerTest, RequestLargerThanTheBudget) {
@@ -385,8 +446,8 @@ uint64_t RssBytes(const char* field) {
 }
 
 // Training-like traffic over a sparse model five times the budget: the process's peak RSS
-// grows by at most the budget plus kOverhead (RocksDB's flush and compaction buffers, table
-// readers, request frames, allocator slack).
+// grows by at most the budget plus kOverhead (request frames, allocator slack, the spill
+// file's bucket counts; with RocksDB its flush and compaction buffers and table readers).
 TEST(SpillServerTest, PeakRssStaysWithinBudgetPlusOverhead) {
   const uint64_t kBudget = 12ull << 20;
   [[maybe_unused]] const uint64_t kOverhead = 16ull << 20;
@@ -418,7 +479,7 @@ TEST(SpillServerTest, PeakRssStaysWithinBudgetPlusOverhead) {
   ServerStats s = core->stats();
   std::printf(
       "model %.1f MB (%lu rows), budget %.1f MB: peak RSS growth %.1f MB (%.1f MB total), "
-      "rows in memory %lu, spilled %lu, RocksDB written %.1f MB, read %.1f MB\n",
+      "rows in memory %lu, spilled %lu, disk written %.1f MB, read %.1f MB\n",
       model_rows * stride * 4 / 1048576.0, static_cast<unsigned long>(model_rows),
       kBudget / 1048576.0, (peak - base) / 1048576.0, peak / 1048576.0,
       static_cast<unsigned long>(s.rows_in_memory), static_cast<unsigned long>(s.rows_spilled),
