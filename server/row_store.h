@@ -11,11 +11,13 @@
 // eviction; a clean one is dropped (the disk already holds the same bytes).
 //
 // Two spill engines (RowStoreOptions::engine):
-// - kFile (default): a SpillFile (server/spill_file.h), an on-disk hash table of fixed-size
+// - kFile: a SpillFile (server/spill_file.h), an on-disk hash table of fixed-size
 //   records: a miss is one pread of its bucket, the write-back of a row read from the file
 //   one pwrite at the place it came from; no index in memory, no compaction. Rows get 7/8 of
 //   the budget (the rest: slack of the slot index).
-// - kRocksDB: the rows in a RocksDB database. Write-backs of one Fetch go in one
+// - kRocksDB (default: the product's spill tier is RocksDB, a kept library with tools to
+//   inspect its files; kFile is the faster option, 2.4-3.7x on spilled pulls): the rows in
+//   a RocksDB database. Write-backs of one Fetch go in one
 //   WriteBatch; the cold rows it needs are read with one MultiGet. RocksDB is a cache here,
 //   not a store: its contents die with the process. Hence: no WAL, no sync; bloom filters
 //   (10 bits/key) because most misses of a growing sparse table are rows never seen; no
@@ -67,8 +69,8 @@ struct RowStoreOptions {
   // Where the evicted rows live (created; anything there is deleted on open and on
   // close). Empty: a fresh directory under the system's temp directory.
   std::string spill_dir;
-  // What holds them: a SpillFile (fast: see the top of this file) or RocksDB.
-  SpillEngine engine = SpillEngine::kFile;
+  // What holds them: RocksDB or a SpillFile (faster: see the top of this file).
+  SpillEngine engine = SpillEngine::kRocksDB;
 };
 
 struct RowStoreStats {

@@ -104,7 +104,7 @@ struct StoreOptions {
   // directories under the system's temp directory.
   std::string spill_dir;
   // What holds the spilled rows (server/row_store.h).
-  SpillEngine spill_engine = SpillEngine::kFile;
+  SpillEngine spill_engine = SpillEngine::kRocksDB;
 };
 
 // The process's peak resident set (VmHWM of /proc/self/status) in bytes; 0 where unknown.

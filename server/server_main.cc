@@ -26,9 +26,9 @@ DEFINE_string(export_dir, "",
 DEFINE_string(spill_dir, "",
               "parent directory of the spill tier, one directory per sparse table (empty: under "
               "the temp directory)");
-DEFINE_string(spill_engine, "file",
-              "what holds spilled rows: file (an on-disk hash table of fixed-size rows, read "
-              "with pread: fast) or rocksdb");
+DEFINE_string(spill_engine, "rocksdb",
+              "what holds spilled rows: rocksdb, or file (an on-disk hash table of fixed-size "
+              "rows read with pread: 2.4-3.7x faster spilled pulls)");
 DEFINE_int64(max_frame_mb, 1024,
              "largest frame accepted, MB; a peer sending a larger one is disconnected");
 DEFINE_int32(max_frames, 64, "most frames in one request; a longer one gets an error");

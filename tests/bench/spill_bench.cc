@@ -44,9 +44,9 @@ DEFINE_double(checkpoint_gb, 0,
               "of about this many GiB (values and optimizer state) under --checkpoint_dir "
               "(default /tmp), against a plain sequential write and read of as many bytes");
 DEFINE_string(json, "", "also write the results as one JSON object to this file");
-DEFINE_string(spill_engine, "file",
-              "what holds the spilled rows: file, rocksdb, or both (file,rocksdb: one spilled "
-              "run each, in the same process)");
+DEFINE_string(spill_engine, "rocksdb,file",
+              "what holds the spilled rows: rocksdb, file, or both (rocksdb,file: one spilled "
+              "run each, in the same process; the default)");
 
 namespace ps {
 namespace {
