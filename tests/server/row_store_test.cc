@@ -37,7 +37,8 @@ TableSpec SparseSpec(uint32_t width) {
 }
 
 // A budget that holds `rows` rows of `stride` floats in memory.
-uint64_t BudgetForRows(uint64_t rows, size_t stride, SpillEngine engine = SpillEngine::kFile) {
+uint64_t BudgetForRows(uint64_t rows, size_t stride,
+                       SpillEngine engine = RowStoreOptions().engine) {
   return RowStore::BudgetForRows(rows, stride, engine);
 }
 
@@ -137,7 +138,8 @@ INSTANTIATE_TEST_SUITE_P(Engines, RowStoreEngineTest,
 TEST(RowStoreTest, ChangedRowsSurviveTheSpillFileDoubling) {
   const size_t stride = 4;
   RowStoreOptions o;
-  o.memory_budget = BudgetForRows(1100, stride);  // the file is sized for ~8x that at first
+  o.engine = SpillEngine::kFile;
+  o.memory_budget = BudgetForRows(1100, stride, o.engine);  // the file starts at ~8x that
   auto store = RowStore::Open(SparseSpec(2), 5, stride, o).value();
   std::map<uint64_t, float> expected;  // key -> float 0 of its row
   std::vector<float*> rows;
