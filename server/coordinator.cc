@@ -352,20 +352,10 @@ class CoordinatorJob {
     return Status::Ok();
   }
 
-  // Answers a registration: the id, the job config and the shard map.
-  // `plan`: the all-reduce group a worker is in, with its `rank` there; null for none.
-  Status ReplyRegistration(const Member& m, uint32_t id, const GroupPlan* plan = nullptr,
-                           int rank = 0) {
-    std::map<std::string, std::string> flags = config_.ToFlagMap();
-    capnp::MallocMessageBuilder b;
-    auto r = NewHeader(b, m.register_request, -1).getBody().initRegisterReply();
-    r.setId(id);
-    if (results_.empty()) {
-      // The job's own processes (not those that join later): a restored job starts at
-      // the checkpoint's clock and epoch.
-      r.setStartClock(start_clock_);
-      r.setStartEpoch(start_epoch_);
-    }
+  // The job config and the shard map (servers' endpoints at registration; after a failover
+  // or a restart the workers learn the new ones from their heartbeat replies).
+  void SetConfigAndShardMap(wire::RegisterReply::Builder r) const {
+    const std::map<std::string, std::string> flags = config_.ToFlagMap();
     auto cfg = r.initConfig(static_cast<unsigned>(flags.size()));
     unsigned i = 0;
     for (const auto& [k, v] : flags) {
@@ -380,6 +370,22 @@ class CoordinatorJob {
       list[s].setId(s);
       list[s].setEndpoint(servers_[s].endpoint);
     }
+  }
+
+  // Answers a registration: the id, the job config and the shard map.
+  // `plan`: the all-reduce group a worker is in, with its `rank` there; null for none.
+  Status ReplyRegistration(const Member& m, uint32_t id, const GroupPlan* plan = nullptr,
+                           int rank = 0) {
+    capnp::MallocMessageBuilder b;
+    auto r = NewHeader(b, m.register_request, -1).getBody().initRegisterReply();
+    r.setId(id);
+    if (results_.empty()) {
+      // The job's own processes (not those that join later): a restored job starts at
+      // the checkpoint's clock and epoch.
+      r.setStartClock(start_clock_);
+      r.setStartEpoch(start_epoch_);
+    }
+    SetConfigAndShardMap(r);
     if (plan != nullptr) {
       auto g = r.initGroup();
       g.setName(plan->name);
@@ -626,6 +632,19 @@ class CoordinatorJob {
     return MaybeReleaseBarrier();
   }
 
+  // The fields of a `server_lost` failure entry common to failover and restart.
+  json ServerLostEvent(size_t s, Clock::time_point now) const {
+    const Member& m = servers_[s];
+    return {{"kind", "server_lost"},
+            {"process", "server-" + std::to_string(s)},
+            {"server", s},
+            {"pid", m.pid},
+            {"time", Elapsed()},
+            {"silent_seconds", std::chrono::duration<double>(now - m.last_seen).count()},
+            // Wall-clock time of the detection, so that a test can measure it from the kill.
+            {"unix_time", UnixSeconds()}};
+  }
+
   // Declares dead every live worker silent for longer than --heartbeat_timeout; lists
   // silent servers. With --replicas=2 a silent server is declared dead and its backup
   // promoted (PromoteBackup); without, it cannot be replaced: the job then fails on its own.
@@ -648,16 +667,7 @@ class CoordinatorJob {
         // Failover: the server is dead to the job (not shut down, not asked again).
         m.dead = true;
         json event = PromoteBackup(static_cast<int>(s), m.last_seen);
-        event["kind"] = "server_lost";
-        event["process"] = "server-" + std::to_string(s);
-        event["server"] = s;
-        event["pid"] = m.pid;
-        event["time"] = Elapsed();
-        event["silent_seconds"] = std::chrono::duration<double>(now - m.last_seen).count();
-        // Wall-clock time of the detection, so that a test can measure it from the kill.
-        event["unix_time"] =
-            std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-                .count();
+        event.update(ServerLostEvent(s, now));
         LOG(WARNING) << "server " << s << " declared dead: " << event.dump();
         metrics_failures_.Increment();
         failures_.push_back(std::move(event));
@@ -666,16 +676,7 @@ class CoordinatorJob {
       // --replicas=1: the server is dead to the job; its slot waits for a replacement
       // (OnServerJoin), which restores the latest recorded checkpoint set.
       m.dead = true;
-      json event;
-      event["kind"] = "server_lost";
-      event["process"] = "server-" + std::to_string(s);
-      event["server"] = s;
-      event["pid"] = m.pid;
-      event["time"] = Elapsed();
-      event["silent_seconds"] = std::chrono::duration<double>(now - m.last_seen).count();
-      event["unix_time"] =
-          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-              .count();
+      json event = ServerLostEvent(s, now);
       // Where the workers stood: the slowest live clock the server last reported, and the
       // fastest worker's clock in the workers' last reports.
       event["clock_at_loss"] = server_live_[s].clock;
@@ -825,24 +826,10 @@ class CoordinatorJob {
     replaced_.insert(s);
     awaiting_first_report_[s] = lost_event_[s];
 
-    std::map<std::string, std::string> flags = config_.ToFlagMap();
     capnp::MallocMessageBuilder b;
     auto r = NewHeader(b, servers_[i].register_request, -1).getBody().initRegisterReply();
     r.setId(static_cast<uint32_t>(s));
-    auto cfg = r.initConfig(static_cast<unsigned>(flags.size()));
-    unsigned k = 0;
-    for (const auto& [key, v] : flags) {
-      cfg[k].setKey(key);
-      cfg[k].setValue(v);
-      ++k;
-    }
-    auto map = r.initShardMap();
-    map.setVersion(1);
-    auto list = map.initServers(static_cast<unsigned>(servers_.size()));
-    for (unsigned j = 0; j < servers_.size(); ++j) {
-      list[j].setId(j);
-      list[j].setEndpoint(servers_[j].endpoint);
-    }
+    SetConfigAndShardMap(r);
     r.setReplacement(true);
     r.setRestoreSet(set.is_object() ? set["set"].get<std::string>() : std::string());
     std::vector<uint32_t> evicted, idle;

@@ -51,6 +51,40 @@ class CheckpointJobTest : public itest::JobTest {
     ASSERT_TRUE(gen_rc.ok() && *gen_rc == 0);
   }
 
+  // A coordinator with `flags`, one server and one ps_worker slowed down `slowdown` times,
+  // appended to *procs in that order.
+  void StartSparseJob(const std::vector<std::string>& flags, const std::string& slowdown,
+                      itest::Deadline deadline, std::vector<ChildProcess>* procs) {
+    std::string endpoint;
+    Result<ChildProcess> coordinator = StartCoordinator(flags, deadline, &endpoint);
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
+    procs->push_back(std::move(*coordinator));
+    Result<ChildProcess> server = StartServer(0, endpoint);
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    procs->push_back(std::move(*server));
+    std::vector<std::string> argv = {itest::BinaryPath("ps_worker"), "--coordinator=" + endpoint,
+                                     "--register_timeout_ms=30000", "--slowdown=" + slowdown};
+    for (std::string& f : SecurityFlags()) argv.push_back(std::move(f));
+    Result<ChildProcess> worker = ChildProcess::Spawn(argv, dir_.Join("worker-0.log"));
+    ASSERT_TRUE(worker.ok()) << worker.status().ToString();
+    procs->push_back(std::move(*worker));
+  }
+
+  // Starts the job again with --restore=latest (the first run's directory moved aside) at
+  // full speed and returns its summary once every process exited cleanly.
+  Result<itest::json> RestoreLatestAndFinish(std::vector<std::string> job,
+                                             itest::Deadline deadline) {
+    std::filesystem::rename(RunDir(), dir_.Join("run1"));
+    job.push_back("--restore=latest");
+    std::vector<ChildProcess> procs;
+    StartSparseJob(job, "1", deadline, &procs);
+    if (procs.size() != 3) return Internal("the restored job did not start");
+    ExpectCleanExit(procs[2], "worker", deadline);
+    ExpectCleanExit(procs[0], "coordinator", deadline);
+    ExpectCleanExit(procs[1], "server", deadline);
+    return ReadSummary();
+  }
+
   // Sparse LR on that data, 1 worker, BSP, 4 epochs, a checkpoint every epoch: 2000
   // examples in batches of 100 are 20 clocks an epoch, so clock 20k ends epoch k.
   std::vector<std::string> SparseLrJob(const std::string& ckpt) {
@@ -345,19 +379,7 @@ TEST_F(CheckpointJobTest, KilledJobRestartsAtTheLatestRecordedSet) {
   std::vector<std::string> job = SparseLrJob(ckpt);
   auto start = [&](const std::vector<std::string>& flags, const std::string& slowdown,
                    std::vector<ChildProcess>* procs) {
-    std::string endpoint;
-    Result<ChildProcess> coordinator = StartCoordinator(flags, deadline, &endpoint);
-    ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
-    procs->push_back(std::move(*coordinator));
-    Result<ChildProcess> server = StartServer(0, endpoint);
-    ASSERT_TRUE(server.ok()) << server.status().ToString();
-    procs->push_back(std::move(*server));
-    std::vector<std::string> argv = {itest::BinaryPath("ps_worker"), "--coordinator=" + endpoint,
-                                     "--register_timeout_ms=30000", "--slowdown=" + slowdown};
-    for (std::string& f : SecurityFlags()) argv.push_back(std::move(f));
-    Result<ChildProcess> worker = ChildProcess::Spawn(argv, dir_.Join("worker-0.log"));
-    ASSERT_TRUE(worker.ok()) << worker.status().ToString();
-    procs->push_back(std::move(*worker));
+    StartSparseJob(flags, slowdown, deadline, procs);
   };
   {
     std::vector<ChildProcess> procs;
@@ -369,15 +391,7 @@ TEST_F(CheckpointJobTest, KilledJobRestartsAtTheLatestRecordedSet) {
   const int64_t recorded = RecordedClock(ckpt);
   ASSERT_GE(recorded, 40);
   ASSERT_LT(recorded, 80) << "the job ended before it was killed";
-  std::filesystem::rename(RunDir(), dir_.Join("run1"));
-  job.push_back("--restore=latest");
-  std::vector<ChildProcess> procs;
-  start(job, "1", &procs);
-  if (HasFatalFailure()) return;
-  ExpectCleanExit(procs[2], "worker", deadline);
-  ExpectCleanExit(procs[0], "coordinator", deadline);
-  ExpectCleanExit(procs[1], "server", deadline);
-  Result<itest::json> summary = ReadSummary();
+  Result<itest::json> summary = RestoreLatestAndFinish(job, deadline);
   ASSERT_TRUE(summary.ok()) << summary.status().ToString();
   const int epoch = static_cast<int>(recorded / 20) + 1;
   EXPECT_EQ((*summary)["restored"]["clock"], recorded) << summary->dump();
@@ -411,19 +425,7 @@ TEST_F(CheckpointJobTest, SigtermStopsTheJobAtARecordedCheckpointSet) {
   job.push_back("--heartbeat_timeout=2");
   auto start = [&](const std::vector<std::string>& flags, const std::string& slowdown,
                    std::vector<ChildProcess>* procs) {
-    std::string endpoint;
-    Result<ChildProcess> coordinator = StartCoordinator(flags, deadline, &endpoint);
-    ASSERT_TRUE(coordinator.ok()) << coordinator.status().ToString();
-    procs->push_back(std::move(*coordinator));
-    Result<ChildProcess> server = StartServer(0, endpoint);
-    ASSERT_TRUE(server.ok()) << server.status().ToString();
-    procs->push_back(std::move(*server));
-    std::vector<std::string> argv = {itest::BinaryPath("ps_worker"), "--coordinator=" + endpoint,
-                                     "--register_timeout_ms=30000", "--slowdown=" + slowdown};
-    for (std::string& f : SecurityFlags()) argv.push_back(std::move(f));
-    Result<ChildProcess> worker = ChildProcess::Spawn(argv, dir_.Join("worker-0.log"));
-    ASSERT_TRUE(worker.ok()) << worker.status().ToString();
-    procs->push_back(std::move(*worker));
+    StartSparseJob(flags, slowdown, deadline, procs);
   };
   {
     std::vector<ChildProcess> procs;
@@ -452,15 +454,7 @@ TEST_F(CheckpointJobTest, SigtermStopsTheJobAtARecordedCheckpointSet) {
   EXPECT_NE(out->find("stopped at the checkpoint set at clock " + std::to_string(recorded)),
             std::string::npos)
       << *out;
-  std::filesystem::rename(RunDir(), dir_.Join("run1"));
-  job.push_back("--restore=latest");
-  std::vector<ChildProcess> procs;
-  start(job, "1", &procs);
-  if (HasFatalFailure()) return;
-  ExpectCleanExit(procs[2], "worker", deadline);
-  ExpectCleanExit(procs[0], "coordinator", deadline);
-  ExpectCleanExit(procs[1], "server", deadline);
-  Result<itest::json> summary = ReadSummary();
+  Result<itest::json> summary = RestoreLatestAndFinish(job, deadline);
   ASSERT_TRUE(summary.ok()) << summary.status().ToString();
   EXPECT_EQ((*summary)["restored"]["clock"], recorded) << summary->dump();
   const int epoch = static_cast<int>(recorded / 20) + 1;

@@ -107,6 +107,19 @@ class ServerRestartTest : public itest::JobTest {
     return false;
   }
 
+  // The coordinator, two servers and two workers of JobFlags().
+  void StartJob() {
+    Result<itest::ChildProcess> c = StartCoordinator(JobFlags(), deadline_, &endpoint_);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    coordinator_.emplace(std::move(c).value());
+    for (int s = 0; s < 2; ++s) {
+      Result<itest::ChildProcess> p = SpawnServer(s, "server-" + std::to_string(s) + ".log");
+      ASSERT_TRUE(p.ok()) << p.status().ToString();
+      servers_.push_back(std::move(p).value());
+    }
+    for (int w = 0; w < 2; ++w) ASSERT_NO_FATAL_FAILURE(StartWorker(w));
+  }
+
   itest::Deadline deadline_;
   std::string endpoint_;
   std::optional<itest::ChildProcess> coordinator_;
@@ -123,15 +136,7 @@ TEST_F(ServerRestartTest, AKilledServerIsReplacedAndRestoresTheLatestCheckpoint)
   SKIP_WITHOUT_FASHION_MNIST();
   const auto test_start = SteadyClock::now();
   deadline_ = itest::DeadlineIn(kJobTimeout);
-  Result<itest::ChildProcess> c = StartCoordinator(JobFlags(), deadline_, &endpoint_);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  coordinator_.emplace(std::move(c).value());
-  for (int s = 0; s < 2; ++s) {
-    Result<itest::ChildProcess> p = SpawnServer(s, "server-" + std::to_string(s) + ".log");
-    ASSERT_TRUE(p.ok()) << p.status().ToString();
-    servers_.push_back(std::move(p).value());
-  }
-  for (int w = 0; w < 2; ++w) ASSERT_NO_FATAL_FAILURE(StartWorker(w));
+  ASSERT_NO_FATAL_FAILURE(StartJob());
 
   ASSERT_TRUE(WaitForRecordedCheckpoint(kCheckpointEvery * 3 / 4))
       << "no checkpoint set was recorded, or training did not go on past it";
@@ -303,15 +308,7 @@ TEST_F(ServerRestartTest, TheLauncherRestartsADeadServer) {
 TEST_F(ServerRestartTest, AStoppedServerThatWakesAfterItsReplacementExits) {
   SKIP_WITHOUT_FASHION_MNIST();
   deadline_ = itest::DeadlineIn(kJobTimeout);
-  Result<itest::ChildProcess> c = StartCoordinator(JobFlags(), deadline_, &endpoint_);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  coordinator_.emplace(std::move(c).value());
-  for (int s = 0; s < 2; ++s) {
-    Result<itest::ChildProcess> p = SpawnServer(s, "server-" + std::to_string(s) + ".log");
-    ASSERT_TRUE(p.ok()) << p.status().ToString();
-    servers_.push_back(std::move(p).value());
-  }
-  for (int w = 0; w < 2; ++w) ASSERT_NO_FATAL_FAILURE(StartWorker(w));
+  ASSERT_NO_FATAL_FAILURE(StartJob());
   ASSERT_TRUE(WaitForRecordedCheckpoint(0)) << "no checkpoint set was recorded";
   ASSERT_EQ(kill(servers_[0].pid(), SIGSTOP), 0);
   Result<itest::ChildProcess> replacement = SpawnServer(0, "server-0-restarted.log");

@@ -17,6 +17,18 @@
 namespace ps {
 namespace {
 
+// 10% of requests and replies dropped, 10% duplicated, 20% of requests delayed.
+FaultOptions HeavyFaults() {
+  FaultOptions f;
+  f.seed = 424242;
+  f.drop_request = 0.1;
+  f.duplicate_request = 0.1;
+  f.delay_request = 0.2;
+  f.drop_reply = 0.1;
+  f.duplicate_reply = 0.1;
+  return f;
+}
+
 TEST(FaultInjectionTest, EveryPushCountsOnceDespiteDropsDuplicatesAndReorders) {
   Transport transport;
   JobConfig config = JobConfig::FromFlagMap({{"model", "none"},
@@ -26,13 +38,8 @@ TEST(FaultInjectionTest, EveryPushCountsOnceDespiteDropsDuplicatesAndReorders) {
                                              {"staleness", "-1"},
                                              {"base_lr", "1"}})
                          .value();
-  FaultOptions faults;
+  FaultOptions faults = HeavyFaults();
   faults.seed = 20261203;
-  faults.drop_request = 0.1;
-  faults.duplicate_request = 0.1;
-  faults.delay_request = 0.2;
-  faults.drop_reply = 0.1;
-  faults.duplicate_reply = 0.1;
   std::vector<std::unique_ptr<ServerCore>> cores;
   std::vector<std::unique_ptr<FaultyServerSocket>> sockets;
   std::vector<std::string> endpoints;
@@ -202,17 +209,6 @@ JobConfig RegressionJob(int workers, int staleness) {
               {"staleness", std::to_string(staleness)},
               {"base_lr", "0.05"}})
       .value();
-}
-
-FaultOptions HeavyFaults() {
-  FaultOptions f;
-  f.seed = 424242;
-  f.drop_request = 0.1;
-  f.duplicate_request = 0.1;
-  f.delay_request = 0.2;
-  f.drop_reply = 0.1;
-  f.duplicate_reply = 0.1;
-  return f;
 }
 
 // BSP with one worker is deterministic: the run through dropped, duplicated and reordered
