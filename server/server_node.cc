@@ -157,6 +157,8 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
       out.push_back(Outgoing{in->peer, ErrorReply(0, core.server_id(),
                                                   InvalidArgument("message has too many frames "
                                                                   "(see --max_frames)"))});
+    } else if (in.ok() && !in->bad_frame.ok()) {
+      out.push_back(Outgoing{in->peer, ErrorReply(0, core.server_id(), in->bad_frame)});
     } else if (in.ok()) {
       const RequestKind kind = (backups != nullptr || backup_link != nullptr) ? Classify(in->frames)
                                                                               : RequestKind::kOther;
