@@ -231,6 +231,19 @@ std::optional<zmq::message_t> ShmRing::Put(const void* data, size_t bytes) {
   return zmq::message_t(&d, sizeof(d));
 }
 
+bool ShmRing::Cancel(const zmq::message_t& frame) {
+  if (!LooksLikeShmDescriptor(frame)) return false;
+  ShmDescriptor d;
+  std::memcpy(&d, frame.data(), sizeof(d));
+  if (std::strncmp(d.name, name_.c_str(), sizeof(d.name)) != 0 || d.slot >= options_.num_slots) {
+    return false;
+  }
+  ShmSlot& s = Slots(base_)[d.slot];
+  if (s.generation != d.generation) return false;
+  s.state.store(kFree, std::memory_order_release);
+  return true;
+}
+
 // ---- receiver ----
 
 struct ShmMapper::Mapping {

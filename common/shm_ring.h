@@ -84,6 +84,10 @@ class ShmRing {
   // nullopt when the ring (or /dev/shm) has no room: the caller sends the frame inline.
   std::optional<zmq::message_t> Put(const void* data, size_t bytes);
 
+  // Frees the slot of a descriptor this ring made whose message was never sent. False when
+  // `descriptor` is not one of this ring's (then nothing changes).
+  bool Cancel(const zmq::message_t& descriptor);
+
   // Takes back the slots the receiver released; returns how many are still held.
   size_t Reclaim();
   const std::string& name() const { return name_; }

@@ -43,6 +43,13 @@ class ShmSender {
     for (auto& [peer, ring] : rings_) shared_->Retire(std::move(ring));
   }
 
+  // Frees the slots of descriptors Substitute put into `frames` that were not sent.
+  void Cancel(const std::string& peer, const Frames& frames) {
+    auto it = rings_.find(peer);
+    if (it == rings_.end()) return;
+    for (const zmq::message_t& f : frames) (void)it->second->Cancel(f);
+  }
+
   // Replaces each large frame of `frames` by a descriptor of its copy in `peer`'s ring.
   void Substitute(const std::string& peer, Frames& frames) {
     for (zmq::message_t& f : frames) {
@@ -218,6 +225,8 @@ class ZmqServerSocket final : public ServerSocket {
     try {
       (void)s_.send(zmq::buffer(peer), zmq::send_flags::sndmore);
     } catch (const zmq::error_t& e) {
+      // The peer is gone (router_mandatory): nothing was sent, so no one will free the slots.
+      if (shm_.sender) shm_.sender->Cancel(peer, frames);
       return FromZmq(e, "send on " + bound_);
     }
     return SendFrames(s_, frames, "send on " + bound_);

@@ -291,6 +291,25 @@ TEST_F(ShmTransportTest, ClosedSenderLeavesNoSegmentOnceTheTransportGoes) {
   EXPECT_TRUE(SameBytes(kept.frames[0], expect));
 }
 
+TEST_F(ShmTransportTest, ASendToAGonePeerFreesItsSlots) {
+  auto ring = ShmRing::Create({.data_bytes = 1 << 20, .num_slots = 4}).value();
+  zmq::message_t d = ring->Put("x", 1).value();
+  EXPECT_EQ(ring->Reclaim(), 1u);
+  EXPECT_FALSE(ring->Cancel(Pattern(80, 1)));
+  EXPECT_TRUE(ring->Cancel(d));
+  EXPECT_EQ(ring->Reclaim(), 0u);
+
+  Transport t;
+  auto server = t.Listen(IpcEndpoint("gone")).value();
+  Frames f;
+  f.push_back(Pattern(1 << 20, 1));
+  Status s = server->Send("no-such-peer", std::move(f));
+  EXPECT_EQ(s.code(), StatusCode::kUnavailable) << s.ToString();
+  ASSERT_EQ(OurSegments().size(), 2u);  // `ring` and the listener's ring for that peer
+  server.reset();  // nothing held: unlinked at once, not when the Transport goes
+  EXPECT_EQ(OurSegments().size(), 1u);
+}
+
 TEST_F(ShmTransportTest, StaleSegmentsOfDeadProcessesAreRemoved) {
   pid_t child = fork();
   ASSERT_GE(child, 0);
