@@ -38,7 +38,10 @@ bool IsIpc(const std::string& endpoint) { return endpoint.rfind("ipc://", 0) == 
 class ShmSender {
  public:
   ShmSender(const TransportOptions& o, std::shared_ptr<Transport::ShmShared> shared)
-      : options_(o), shared_(std::move(shared)) {}
+      : min_frame_bytes_(o.shm_min_frame_bytes), shared_(std::move(shared)) {
+    ring_options_.data_bytes = o.shm_ring_bytes;
+    ring_options_.num_slots = o.shm_ring_slots;
+  }
   ~ShmSender() {
     for (auto& [peer, ring] : rings_) shared_->Retire(std::move(ring));
   }
@@ -53,7 +56,7 @@ class ShmSender {
   // Replaces each large frame of `frames` by a descriptor of its copy in `peer`'s ring.
   void Substitute(const std::string& peer, Frames& frames) {
     for (zmq::message_t& f : frames) {
-      if (f.size() < options_.shm_min_frame_bytes) continue;
+      if (f.size() < min_frame_bytes_) continue;
       ShmRing* ring = RingFor(peer);
       if (ring == nullptr) return;
       std::optional<zmq::message_t> d = ring->Put(f.data(), f.size());
@@ -80,10 +83,7 @@ class ShmSender {
       std::erase_if(rings_, [](const auto& kv) { return kv.second->Reclaim() == 0; });
       if (rings_.size() >= kMaxRings) return nullptr;
     }
-    ShmRingOptions ro;
-    ro.data_bytes = options_.shm_ring_bytes;
-    ro.num_slots = options_.shm_ring_slots;
-    Result<std::unique_ptr<ShmRing>> ring = ShmRing::Create(ro);
+    Result<std::unique_ptr<ShmRing>> ring = ShmRing::Create(ring_options_);
     if (!ring.ok()) {
       failed_ = true;  // this socket sends inline from now on
       if (!shared_->warned.exchange(true)) {
@@ -94,7 +94,8 @@ class ShmSender {
     return (rings_[peer] = std::move(ring).value()).get();
   }
 
-  const TransportOptions& options_;
+  size_t min_frame_bytes_;
+  ShmRingOptions ring_options_;
   std::shared_ptr<Transport::ShmShared> shared_;
   std::map<std::string, std::unique_ptr<ShmRing>> rings_;
   bool failed_ = false;
