@@ -23,8 +23,8 @@ namespace {
 using itest::ChildProcess;
 using itest::Deadline;
 using itest::DeadlineIn;
-using itest::kTestTimeout;
 using itest::FinalEvalReport;
+using itest::kTestTimeout;
 using itest::SendDone;
 using itest::SendReport;
 using itest::TimeLeft;
@@ -71,7 +71,9 @@ class ShmJobTest : public itest::JobTest {
 
   // Registers, pushes kRounds rounds of the whole table, pulls it back and checks every value
   // (SGD at rate 1 from zeros: minus the sum of the gradients).
-  void PushPullAndCheck(Transport& transport, Deadline deadline, bool send_done) {
+  // Before the job ends, the server holds `server_segments` rings.
+  void PushPullAndCheck(Transport& transport, Deadline deadline, bool send_done,
+                        size_t server_segments) {
     RegisterRequest req;
     req.device = "shm test";
     Result<Registration> reg =
@@ -103,6 +105,8 @@ class ShmJobTest : public itest::JobTest {
       }
     }
     EXPECT_EQ(wrong, 0u);
+    // Checked now: once the job ends, the server exits and unlinks its rings.
+    EXPECT_EQ(Segments(server_->pid()).size(), server_segments);
     if (send_done) {
       // Done, then worker 0's final evaluation: the coordinator then ends the job.
       Status done = SendDone(*reg->coordinator, reg->id, Status::Ok(), deadline);
@@ -123,13 +127,12 @@ TEST_F(ShmJobTest, PayloadsCrossThroughSharedMemoryWithExactValuesAndNoLeftovers
   const pid_t server_pid = server_->pid();
   {
     Transport transport(ClientTransportOptions());
-    PushPullAndCheck(transport, deadline, /*send_done=*/true);
+    PushPullAndCheck(transport, deadline, /*send_done=*/true, /*server_segments=*/1);
     const ShmStats st = transport.shm_stats();
     EXPECT_EQ(st.frames_sent, static_cast<uint64_t>(kRounds)) << "pushes through the ring";
     EXPECT_EQ(st.frames_received, 1u) << "the pull reply through the server's ring";
     EXPECT_EQ(st.frames_inline, 0u);
     EXPECT_EQ(st.bad_descriptors, 0u);
-    EXPECT_EQ(Segments(server_pid).size(), 1u);  // the server's ring for this worker
   }
   EXPECT_TRUE(Segments(getpid()).empty());
   ExpectCleanExit(*server_, "server", deadline);
@@ -145,10 +148,9 @@ TEST_F(ShmJobTest, OffKeepsPayloadsOnTheSocket) {
   o.shm = ShmMode::kOff;
   {
     Transport transport(o);
-    PushPullAndCheck(transport, deadline, /*send_done=*/true);
+    PushPullAndCheck(transport, deadline, /*send_done=*/true, /*server_segments=*/0);
     EXPECT_EQ(transport.shm_stats().frames_sent, 0u);
     EXPECT_EQ(transport.shm_stats().frames_received, 0u);
-    EXPECT_TRUE(Segments(server_->pid()).empty());
   }
   ExpectCleanExit(*server_, "server", deadline);
   ExpectCleanExit(*coordinator_, "coordinator", deadline);
@@ -161,8 +163,7 @@ TEST_F(ShmJobTest, AKilledServersSegmentIsRemovedByTheNextCleanup) {
   const pid_t server_pid = server_->pid();
   {
     Transport transport(ClientTransportOptions());
-    PushPullAndCheck(transport, deadline, /*send_done=*/false);
-    ASSERT_EQ(Segments(server_pid).size(), 1u);
+    PushPullAndCheck(transport, deadline, /*send_done=*/false, /*server_segments=*/1);
     server_->Kill();
     ASSERT_TRUE(server_->WaitExit(deadline).ok());
   }
