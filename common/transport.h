@@ -168,7 +168,8 @@ zmq::message_t CopyFrame(const void* data, size_t bytes);
 
 // Copies of `frames` that share their payload buffers (zmq_msg_copy: reference counted, no
 // bytes copied), for a message sent again or to a second peer. Neither side may write to
-// the payloads afterwards.
+// the payloads afterwards. A frame over shared memory is shared the same way: its slot is
+// freed when the last copy goes.
 Frames ShareFrames(Frames& frames);
 
 }  // namespace ps
