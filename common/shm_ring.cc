@@ -25,16 +25,21 @@ constexpr uint64_t kUnit = 4096;  // allocations start on a page
 constexpr const char* kPrefix = "ps_shm_";
 constexpr size_t kMaxMappings = 256;
 
-enum SlotState : uint32_t { kFree = 0, kInUse = 1 };
+enum SlotState : uint32_t {
+  kFree = 0,
+  kInUse = 1,     // sent: the receiver frees it
+  kReserved = 2,  // handed out by Reserve, not sent yet: the sender frees it
+};
 
 struct ShmSlot {
   std::atomic<uint32_t> state;
-  uint32_t generation;
+  std::atomic<uint32_t> generation;  // atomic: a reserved frame's release reads it anywhere
   uint64_t offset;
   uint64_t length;
 };
 static_assert(sizeof(ShmSlot) == 24);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
 
 struct ShmHeader {
   uint64_t magic;
@@ -108,7 +113,7 @@ int CleanStaleShmSegments() {
 
 // ---- sender ----
 
-Result<std::unique_ptr<ShmRing>> ShmRing::Create(ShmRingOptions options) {
+Result<std::shared_ptr<ShmRing>> ShmRing::Create(ShmRingOptions options) {
   static std::once_flag cleaned;
   std::call_once(cleaned, [] { (void)CleanStaleShmSegments(); });
   if (options.num_slots == 0 || options.data_bytes < kUnit) {
@@ -150,11 +155,11 @@ Result<std::unique_ptr<ShmRing>> ShmRing::Create(ShmRingOptions options) {
   ShmSlot* slots = Slots(static_cast<char*>(base));
   for (uint32_t i = 0; i < options.num_slots; ++i) {
     new (&slots[i].state) std::atomic<uint32_t>(kFree);
-    slots[i].generation = 0;
+    new (&slots[i].generation) std::atomic<uint32_t>(0);
     slots[i].offset = 0;
     slots[i].length = 0;
   }
-  return std::unique_ptr<ShmRing>(new ShmRing(options, name, fd, base, total));
+  return std::shared_ptr<ShmRing>(new ShmRing(options, name, fd, base, total));
 }
 
 ShmRing::ShmRing(ShmRingOptions options, std::string name, int fd, void* base, size_t mapped)
@@ -196,7 +201,7 @@ std::optional<uint64_t> ShmRing::Allocate(uint64_t bytes) {
   return std::nullopt;
 }
 
-std::optional<zmq::message_t> ShmRing::Put(const void* data, size_t bytes) {
+std::optional<std::pair<uint32_t, uint64_t>> ShmRing::Take(uint64_t bytes) {
   Reclaim();
   if (free_slots_.empty()) return std::nullopt;
   const uint64_t rounded = RoundUp(std::max<uint64_t>(bytes, 1), kUnit);
@@ -215,22 +220,82 @@ std::optional<zmq::message_t> ShmRing::Put(const void* data, size_t bytes) {
   const uint32_t slot = free_slots_.back();
   free_slots_.pop_back();
   ShmSlot& s = Slots(base_)[slot];
-  std::memcpy(base_ + data_offset + *offset, data, bytes);
-  s.generation += 1;
+  s.generation.store(s.generation.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   s.offset = *offset;
   s.length = bytes;
-  s.state.store(kInUse, std::memory_order_release);
   held_[*offset] = Held{slot, rounded};
+  return std::make_pair(slot, *offset);
+}
 
+zmq::message_t ShmRing::Descriptor(uint32_t slot) const {
+  const ShmSlot& s = Slots(base_)[slot];
   ShmDescriptor d{};
   d.magic[0] = kDescriptorMagic0;
   d.magic[1] = kDescriptorMagic1;
   std::snprintf(d.name, sizeof(d.name), "%s", name_.c_str());
   d.slot = slot;
-  d.generation = s.generation;
-  d.offset = *offset;
-  d.length = bytes;
+  d.generation = s.generation.load(std::memory_order_relaxed);
+  d.offset = s.offset;
+  d.length = s.length;
   return zmq::message_t(&d, sizeof(d));
+}
+
+std::optional<zmq::message_t> ShmRing::Put(const void* data, size_t bytes) {
+  std::optional<std::pair<uint32_t, uint64_t>> taken = Take(bytes);
+  if (!taken) return std::nullopt;
+  const auto [slot, offset] = *taken;
+  std::memcpy(base_ + DataOffset(options_.num_slots) + offset, data, bytes);
+  Slots(base_)[slot].state.store(kInUse, std::memory_order_release);
+  return Descriptor(slot);
+}
+
+namespace {
+
+struct Reservation {
+  std::shared_ptr<ShmRing> ring;  // keeps the mapping
+  std::atomic<uint32_t>* state;
+  std::atomic<uint32_t>* generation;
+  uint32_t expected_generation;
+};
+
+// A reserved frame released: frees its slot unless it was sent (then the receiver frees
+// it) or the slot has been reused since.
+void ReleaseReserved(void* /*data*/, void* hint) {
+  auto* r = static_cast<Reservation*>(hint);
+  if (r->generation->load(std::memory_order_acquire) == r->expected_generation) {
+    uint32_t reserved = kReserved;
+    r->state->compare_exchange_strong(reserved, kFree, std::memory_order_acq_rel);
+  }
+  delete r;
+}
+
+}  // namespace
+
+std::optional<zmq::message_t> ShmRing::Reserve(size_t bytes) {
+  std::optional<std::pair<uint32_t, uint64_t>> taken = Take(bytes);
+  if (!taken) return std::nullopt;
+  const auto [slot, offset] = *taken;
+  ShmSlot& s = Slots(base_)[slot];
+  s.state.store(kReserved, std::memory_order_release);
+  auto* r = new Reservation{shared_from_this(), &s.state, &s.generation,
+                            s.generation.load(std::memory_order_relaxed)};
+  return zmq::message_t(base_ + DataOffset(options_.num_slots) + offset, bytes, &ReleaseReserved,
+                        r);
+}
+
+std::optional<zmq::message_t> ShmRing::Commit(const zmq::message_t& frame) {
+  const char* data = static_cast<const char*>(frame.data());
+  const char* begin = base_ + DataOffset(options_.num_slots);
+  if (data < begin || data >= begin + options_.data_bytes) return std::nullopt;
+  auto it = held_.find(static_cast<uint64_t>(data - begin));
+  if (it == held_.end()) return std::nullopt;
+  ShmSlot& s = Slots(base_)[it->second.slot];
+  if (s.length != frame.size()) return std::nullopt;
+  uint32_t reserved = kReserved;
+  if (!s.state.compare_exchange_strong(reserved, kInUse, std::memory_order_acq_rel)) {
+    return std::nullopt;  // sent already (a copy of a sent frame): the caller copies it
+  }
+  return Descriptor(it->second.slot);
 }
 
 bool ShmRing::Cancel(const zmq::message_t& frame) {
@@ -241,7 +306,7 @@ bool ShmRing::Cancel(const zmq::message_t& frame) {
     return false;
   }
   ShmSlot& s = Slots(base_)[d.slot];
-  if (s.generation != d.generation) return false;
+  if (s.generation.load(std::memory_order_relaxed) != d.generation) return false;
   s.state.store(kFree, std::memory_order_release);
   return true;
 }
@@ -351,8 +416,9 @@ Result<zmq::message_t> ShmMapper::Resolve(const zmq::message_t& frame) {
                            std::to_string(h.data_bytes) + " bytes of segment '" + name + "'");
   }
   ShmSlot& s = Slots(m->base)[d.slot];
-  if (s.state.load(std::memory_order_acquire) != kInUse || s.generation != d.generation ||
-      s.offset != d.offset || s.length != d.length) {
+  if (s.state.load(std::memory_order_acquire) != kInUse ||
+      s.generation.load(std::memory_order_relaxed) != d.generation || s.offset != d.offset ||
+      s.length != d.length) {
     return InvalidArgument("shm descriptor: slot " + std::to_string(d.slot) + " generation " +
                            std::to_string(d.generation) + " (offset " + std::to_string(d.offset) +
                            ", length " + std::to_string(d.length) +

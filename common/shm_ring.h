@@ -72,10 +72,10 @@ struct ShmRingOptions {
   uint32_t num_slots = 256;
 };
 
-class ShmRing {
+class ShmRing : public std::enable_shared_from_this<ShmRing> {
  public:
   // Creates and maps a new segment. Unavailable when /dev/shm cannot hold it.
-  static Result<std::unique_ptr<ShmRing>> Create(ShmRingOptions options = {});
+  static Result<std::shared_ptr<ShmRing>> Create(ShmRingOptions options = {});
   ~ShmRing();  // unmaps and unlinks
   ShmRing(const ShmRing&) = delete;
   ShmRing& operator=(const ShmRing&) = delete;
@@ -83,6 +83,15 @@ class ShmRing {
   // Copies `data` into a free slot and returns the descriptor frame to send in its place;
   // nullopt when the ring (or /dev/shm) has no room: the caller sends the frame inline.
   std::optional<zmq::message_t> Put(const void* data, size_t bytes);
+
+  // A frame of `bytes` bytes in a reserved slot, for the caller to fill and send on this
+  // ring's socket: Commit then turns it into a descriptor without copying. Released unsent,
+  // it frees the slot. It keeps the ring mapped while it lives. nullopt when there is no
+  // room. REQUIRES: the ring is owned by a shared_ptr (Reserve uses shared_from_this).
+  std::optional<zmq::message_t> Reserve(size_t bytes);
+  // The descriptor for `frame` when it is a frame Reserve made of this ring and not yet
+  // sent; nullopt otherwise (the caller then Puts a copy).
+  std::optional<zmq::message_t> Commit(const zmq::message_t& frame);
 
   // Frees the slot of a descriptor this ring made whose message was never sent. False when
   // `descriptor` is not one of this ring's (then nothing changes).
@@ -99,6 +108,9 @@ class ShmRing {
     uint64_t bytes;  // rounded up to the allocation unit
   };
   ShmRing(ShmRingOptions options, std::string name, int fd, void* base, size_t mapped);
+  // A free slot and `bytes` of data committed for it; nullopt when there is no room.
+  std::optional<std::pair<uint32_t, uint64_t>> Take(uint64_t bytes);
+  zmq::message_t Descriptor(uint32_t slot) const;
   std::optional<uint64_t> Allocate(uint64_t bytes);
 
   ShmRingOptions options_;

@@ -19,14 +19,14 @@ struct Transport::ShmShared {
 
   // Rings of closed sockets whose frames a receiver still holds (or that may still be in
   // flight): unlinked once free, or when the Transport goes.
-  void Retire(std::unique_ptr<ShmRing> ring) {
+  void Retire(std::shared_ptr<ShmRing> ring) {
     std::lock_guard<std::mutex> l(mu);
-    std::erase_if(closed, [](const std::unique_ptr<ShmRing>& r) { return r->Reclaim() == 0; });
+    std::erase_if(closed, [](const std::shared_ptr<ShmRing>& r) { return r->Reclaim() == 0; });
     if (ring->Reclaim() > 0) closed.push_back(std::move(ring));
   }
 
   std::mutex mu;
-  std::vector<std::unique_ptr<ShmRing>> closed;  // guarded by mu
+  std::vector<std::shared_ptr<ShmRing>> closed;  // guarded by mu
 };
 
 namespace {
@@ -46,6 +46,16 @@ class ShmSender {
     for (auto& [peer, ring] : rings_) shared_->Retire(std::move(ring));
   }
 
+  // A frame in `peer`'s ring (see ServerSocket::NewFrame), or an ordinary one.
+  zmq::message_t NewFrame(const std::string& peer, size_t bytes) {
+    if (bytes >= min_frame_bytes_) {
+      if (ShmRing* ring = RingFor(peer)) {
+        if (std::optional<zmq::message_t> f = ring->Reserve(bytes)) return std::move(*f);
+      }
+    }
+    return zmq::message_t(bytes);
+  }
+
   // Frees the slots of descriptors Substitute put into `frames` that were not sent.
   void Cancel(const std::string& peer, const Frames& frames) {
     auto it = rings_.find(peer);
@@ -59,7 +69,8 @@ class ShmSender {
       if (f.size() < min_frame_bytes_) continue;
       ShmRing* ring = RingFor(peer);
       if (ring == nullptr) return;
-      std::optional<zmq::message_t> d = ring->Put(f.data(), f.size());
+      std::optional<zmq::message_t> d = ring->Commit(f);  // built in the ring: no copy
+      if (!d) d = ring->Put(f.data(), f.size());
       if (!d) {
         shared_->frames_inline.fetch_add(1, std::memory_order_relaxed);
         continue;
@@ -83,7 +94,7 @@ class ShmSender {
       std::erase_if(rings_, [](const auto& kv) { return kv.second->Reclaim() == 0; });
       if (rings_.size() >= kMaxRings) return nullptr;
     }
-    Result<std::unique_ptr<ShmRing>> ring = ShmRing::Create(ring_options_);
+    Result<std::shared_ptr<ShmRing>> ring = ShmRing::Create(ring_options_);
     if (!ring.ok()) {
       failed_ = true;  // this socket sends inline from now on
       if (!shared_->warned.exchange(true)) {
@@ -97,7 +108,7 @@ class ShmSender {
   size_t min_frame_bytes_;
   ShmRingOptions ring_options_;
   std::shared_ptr<Transport::ShmShared> shared_;
-  std::map<std::string, std::unique_ptr<ShmRing>> rings_;
+  std::map<std::string, std::shared_ptr<ShmRing>> rings_;
   bool failed_ = false;
 };
 
@@ -231,6 +242,11 @@ class ZmqServerSocket final : public ServerSocket {
       return FromZmq(e, "send on " + bound_);
     }
     return SendFrames(s_, frames, "send on " + bound_);
+  }
+
+  zmq::message_t NewFrame(const std::string& peer, size_t bytes) override {
+    if (shm_.sender) return shm_.sender->NewFrame(peer, bytes);
+    return zmq::message_t(bytes);
   }
 
   zmq::socket_ref PollHandle() override { return s_; }

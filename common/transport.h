@@ -116,6 +116,14 @@ class ServerSocket {
   virtual Result<Incoming> Recv(std::chrono::milliseconds timeout) = 0;
   // Sends `frames` to `peer`. Unavailable when the peer is gone.
   virtual Status Send(const std::string& peer, Frames frames) = 0;
+  // A frame of `bytes` bytes for a reply to `peer`, to be filled and then sent on this
+  // socket: on the shared-memory path it lies in `peer`'s ring and is sent without a copy;
+  // otherwise (or when the ring has no room) it is an ordinary frame. Do not read it after
+  // it is sent (the receiver owns the bytes then). Same thread as Send.
+  virtual zmq::message_t NewFrame(const std::string& peer, size_t bytes) {
+    (void)peer;
+    return zmq::message_t(bytes);
+  }
   // For polling several sockets together (see PollSockets).
   virtual zmq::socket_ref PollHandle() = 0;
 };

@@ -89,6 +89,14 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
                           std::chrono::milliseconds poll_interval, ClientSocket* coordinator,
                           std::chrono::milliseconds report_interval, ServerMetrics* metrics,
                           BackupStore* backups, BackupLink* backup_link) {
+  // Pull replies are built where the socket sends them from (a peer's shared-memory ring
+  // on ipc://); every reply goes out through `socket` on this thread.
+  core.set_frame_allocator(
+      [&socket](const std::string& peer, size_t bytes) { return socket.NewFrame(peer, bytes); });
+  struct Unset {
+    ServerCore& core;
+    ~Unset() { core.set_frame_allocator(nullptr); }
+  } unset{core};
   std::vector<Outgoing> out;
   auto send = [&](std::vector<Outgoing>& replies) {
     for (Outgoing& o : replies) {

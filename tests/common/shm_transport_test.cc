@@ -162,7 +162,7 @@ TEST_F(ShmTransportTest, FullRingFallsBackInlineAndFramesHeldStayIntact) {
 
 // A descriptor of a real ring's frame, to be spoiled field by field.
 struct RealDescriptor {
-  std::unique_ptr<ShmRing> ring = ShmRing::Create({.data_bytes = 1 << 20, .num_slots = 4}).value();
+  std::shared_ptr<ShmRing> ring = ShmRing::Create({.data_bytes = 1 << 20, .num_slots = 4}).value();
   zmq::message_t frame = ring->Put("abcdefgh", 8).value();
   ShmDescriptor Get() const {
     ShmDescriptor d;
@@ -308,6 +308,66 @@ TEST_F(ShmTransportTest, ASendToAGonePeerFreesItsSlots) {
   ASSERT_EQ(OurSegments().size(), 2u);  // `ring` and the listener's ring for that peer
   server.reset();  // nothing held: unlinked at once, not when the Transport goes
   EXPECT_EQ(OurSegments().size(), 1u);
+}
+
+TEST_F(ShmTransportTest, AReservedFrameIsSentWithoutACopyAndFreedOnlyOnce) {
+  auto ring = ShmRing::Create({.data_bytes = 1 << 20, .num_slots = 4}).value();
+  ShmMapper mapper;
+  zmq::message_t expect = Pattern(200 << 10, 7);
+  {
+    // Dropped unsent: the slot comes back.
+    zmq::message_t unsent = ring->Reserve(100).value();
+    EXPECT_EQ(ring->Reclaim(), 1u);
+  }
+  EXPECT_EQ(ring->Reclaim(), 0u);
+  zmq::message_t f = ring->Reserve(expect.size()).value();
+  std::memcpy(f.data(), expect.data(), expect.size());
+  zmq::message_t d = ring->Commit(f).value();
+  EXPECT_FALSE(ring->Commit(f).has_value());                      // sent once; a second send copies
+  EXPECT_FALSE(ring->Commit(Pattern(200 << 10, 7)).has_value());  // not of the ring
+  f = zmq::message_t();  // the sender's frame goes: the receiver's use keeps the slot
+  EXPECT_EQ(ring->Reclaim(), 1u);
+  {
+    zmq::message_t got = mapper.Resolve(d).value();
+    EXPECT_TRUE(SameBytes(got, expect));
+    EXPECT_EQ(ring->Reclaim(), 1u);
+  }
+  EXPECT_EQ(ring->Reclaim(), 0u);
+  // The reserved frame may outlive its ring's owner: it keeps the mapping.
+  zmq::message_t late = ring->Reserve(10).value();
+  std::weak_ptr<ShmRing> weak = ring;
+  ring.reset();
+  EXPECT_FALSE(weak.expired());
+  static_cast<char*>(late.data())[9] = 'x';
+  late = zmq::message_t();
+  EXPECT_TRUE(weak.expired());
+}
+
+TEST_F(ShmTransportTest, ListenerRepliesBuiltInTheRingArriveIntact) {
+  Transport t;
+  auto server = t.Listen(IpcEndpoint("reserve")).value();
+  auto client = t.Connect(server->BoundEndpoint()).value();
+  Frames hello;
+  hello.push_back(Pattern(8, 0));
+  ASSERT_TRUE(client->Send(std::move(hello)).ok());
+  Result<Incoming> in = server->Recv(milliseconds(5000));
+  ASSERT_TRUE(in.ok());
+  zmq::message_t expect = Pattern(3 << 20, 4);
+  for (int i = 0; i < 3; ++i) {
+    Frames reply;
+    reply.push_back(Pattern(16, 1));
+    reply.push_back(server->NewFrame(in->peer, expect.size()));
+    std::memcpy(reply[1].data(), expect.data(), expect.size());
+    ASSERT_TRUE(server->Send(in->peer, std::move(reply)).ok());
+    Result<Frames> back = client->Recv(milliseconds(5000));
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    ASSERT_EQ(back->size(), 2u);
+    EXPECT_TRUE(SameBytes((*back)[1], expect)) << i;
+  }
+  EXPECT_EQ(t.shm_stats().frames_sent, 3u);
+  EXPECT_EQ(t.shm_stats().frames_received, 3u);
+  // A small frame, or one for a tcp socket, is an ordinary frame.
+  EXPECT_EQ(server->NewFrame(in->peer, 100).size(), 100u);
 }
 
 TEST_F(ShmTransportTest, StaleSegmentsOfDeadProcessesAreRemoved) {
