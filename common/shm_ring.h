@@ -4,7 +4,8 @@
 // (created 0600, named ps_shm_<pid>_<random>) holding a header, a table of slots and a
 // data area. A large frame is copied into the data area and a small descriptor frame
 // (ShmDescriptor: segment name, slot, generation, offset, length) travels on the socket in
-// its place. The receiver maps the segment once (ShmMapper) and hands the layers above a
+// its place. A frame can also be built in the ring (Reserve) and sent without a copy
+// (Commit). The receiver maps the segment once (ShmMapper) and hands the layers above a
 // zmq::message_t over the mapped bytes, whose free function marks the slot free in the
 // header (an atomic). The sender reclaims freed slots before each frame and places the next
 // one in the first gap that fits (a slot the receiver never frees costs only its own bytes);

@@ -22,7 +22,8 @@
 //
 // Same-host payloads (options.shm): on ipc:// sockets a frame of at least shm_min_frame_bytes
 // is copied into a shared-memory ring the sending socket owns (one per connection; one per
-// peer for a listener) and only a small descriptor travels on the socket; the receiving
+// peer for a listener), or built there in the first place (ServerSocket::NewFrame), and
+// only a small descriptor travels on the socket; the receiving
 // socket hands the layers above a frame over the shared bytes (no receive copy), and
 // releasing that frame frees the slot. A full ring sends the frame inline. Receiving sockets
 // on ipc:// always accept descriptors; tcp:// and inproc:// sockets never send or accept
