@@ -298,6 +298,12 @@ std::optional<zmq::message_t> ShmRing::Commit(const zmq::message_t& frame) {
   return Descriptor(it->second.slot);
 }
 
+bool ShmRing::Contains(const void* p) const {
+  const char* c = static_cast<const char*>(p);
+  const char* begin = base_ + DataOffset(options_.num_slots);
+  return c >= begin && c < begin + options_.data_bytes;
+}
+
 bool ShmRing::Cancel(const zmq::message_t& frame) {
   if (!LooksLikeShmDescriptor(frame)) return false;
   ShmDescriptor d;

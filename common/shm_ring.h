@@ -94,6 +94,9 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
   // sent; nullopt otherwise (the caller then Puts a copy).
   std::optional<zmq::message_t> Commit(const zmq::message_t& frame);
 
+  // Whether `p` points into this ring's data area.
+  bool Contains(const void* p) const;
+
   // Frees the slot of a descriptor this ring made whose message was never sent. False when
   // `descriptor` is not one of this ring's (then nothing changes).
   bool Cancel(const zmq::message_t& descriptor);

@@ -70,6 +70,11 @@ class ShmSender {
       ShmRing* ring = RingFor(peer);
       if (ring == nullptr) return;
       std::optional<zmq::message_t> d = ring->Commit(f);  // built in the ring: no copy
+      if (!d && ring->Contains(f.data())) {
+        // A copy of a frame of this ring sent already (a duplicated reply): its slot may be
+        // freed by the receiver, and Put could then reuse the bytes it copies from.
+        f = CopyFrame(f.data(), f.size());
+      }
       if (!d) d = ring->Put(f.data(), f.size());
       if (!d) {
         shared_->frames_inline.fetch_add(1, std::memory_order_relaxed);

@@ -366,6 +366,22 @@ TEST_F(ShmTransportTest, ListenerRepliesBuiltInTheRingArriveIntact) {
   }
   EXPECT_EQ(t.shm_stats().frames_sent, 3u);
   EXPECT_EQ(t.shm_stats().frames_received, 3u);
+  // A reply sent twice (as the fault-injection wrapper duplicates one): the second is a
+  // copy, intact even though the receiver freed the first's slot in between.
+  Frames reply;
+  reply.push_back(server->NewFrame(in->peer, expect.size()));
+  std::memcpy(reply[0].data(), expect.data(), expect.size());
+  Frames again = ShareFrames(reply);
+  ASSERT_TRUE(server->Send(in->peer, std::move(reply)).ok());
+  {
+    Result<Frames> first = client->Recv(milliseconds(5000));
+    ASSERT_TRUE(first.ok());
+    EXPECT_TRUE(SameBytes((*first)[0], expect));
+  }  // released: the slot is free for the next frame
+  ASSERT_TRUE(server->Send(in->peer, std::move(again)).ok());
+  Result<Frames> second = client->Recv(milliseconds(5000));
+  ASSERT_TRUE(second.ok());
+  EXPECT_TRUE(SameBytes((*second)[0], expect));
   // A small frame, or one for a tcp socket, is an ordinary frame.
   EXPECT_EQ(server->NewFrame(in->peer, 100).size(), 100u);
 }
