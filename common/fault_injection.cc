@@ -12,6 +12,8 @@ Incoming FaultyServerSocket::Copy(Incoming& m) {
   Incoming c;
   c.peer = m.peer;
   c.frames = ShareFrames(m.frames);
+  c.too_many_frames = m.too_many_frames;
+  c.bad_frame = m.bad_frame;
   return c;
 }
 
@@ -59,7 +61,9 @@ Status FaultyServerSocket::Send(const std::string& peer, Frames frames) {
   }
   if (Roll(options_.duplicate_reply)) {
     ++stats_.duplicated_replies;
-    Incoming copy{peer, std::move(frames)};
+    Incoming copy;
+    copy.peer = peer;
+    copy.frames = std::move(frames);
     Incoming again = Copy(copy);
     PS_RETURN_IF_ERROR(inner_->Send(peer, std::move(copy.frames)));
     return inner_->Send(peer, std::move(again.frames));

@@ -47,6 +47,9 @@ class FaultyServerSocket final : public ServerSocket {
   // A request that was dropped or is being delayed reads as no request (DeadlineExceeded).
   Result<Incoming> Recv(std::chrono::milliseconds timeout) override;
   Status Send(const std::string& peer, Frames frames) override;
+  zmq::message_t NewFrame(const std::string& peer, size_t bytes) override {
+    return inner_->NewFrame(peer, bytes);
+  }
   zmq::socket_ref PollHandle() override { return inner_->PollHandle(); }
 
   const FaultStats& stats() const { return stats_; }

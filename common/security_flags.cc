@@ -16,6 +16,13 @@ DEFINE_bool(allow_insecure_remote, false,
             "with --insecure: also use endpoints other hosts can reach (anyone there can read "
             "and change the model)");
 
+DEFINE_string(shm, "auto",
+              "same-host payloads: auto sends frames of 64 KB or more to ipc:// peers through "
+              "shared memory (/dev/shm, readable by this user only, not encrypted; CURVE still "
+              "authenticates the socket); off sends every frame through the socket");
+DEFINE_int32(shm_ring_mb, 256,
+             "capacity of one shared-memory ring (virtual: pages are committed as used)");
+
 namespace ps {
 
 Status InstallSecurityFromFlags(SecurityRole role, const std::vector<std::string>& endpoints,
@@ -26,6 +33,20 @@ Status InstallSecurityFromFlags(SecurityRole role, const std::vector<std::string
   flags.insecure = FLAGS_insecure;
   flags.allow_insecure_remote = FLAGS_allow_insecure_remote;
   PS_ASSIGN_OR_RETURN(options->security, LoadSecurity(role, flags, endpoints));
+  // The shared-memory path is set here too: every binary calls this once, and what it
+  // trades (payloads outside the encrypted socket) is a security choice.
+  if (FLAGS_shm == "auto") {
+    options->shm = ShmMode::kAuto;
+  } else if (FLAGS_shm == "off") {
+    options->shm = ShmMode::kOff;
+  } else {
+    return InvalidArgument("--shm=" + FLAGS_shm + ": expected auto or off");
+  }
+  if (FLAGS_shm_ring_mb < 1) {
+    return InvalidArgument("--shm_ring_mb=" + std::to_string(FLAGS_shm_ring_mb) +
+                           ": expected at least 1");
+  }
+  options->shm_ring_bytes = static_cast<uint64_t>(FLAGS_shm_ring_mb) << 20;
   return Status::Ok();
 }
 

@@ -14,7 +14,8 @@
 namespace ps {
 
 // Fills options->security from the flags for a process of `role` that will use `endpoints`
-// (its --listen and --coordinator). On error the message says what to give instead; main
+// (its --listen and --coordinator), and the shared-memory path from --shm and --shm_ring_mb
+// (see TransportOptions). On error the message says what to give instead; main
 // prints it and exits.
 Status InstallSecurityFromFlags(SecurityRole role, const std::vector<std::string>& endpoints,
                                 TransportOptions* options);

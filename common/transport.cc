@@ -1,10 +1,150 @@
 #include "common/transport.h"
 
 #include <algorithm>
+#include <atomic>
+#include <map>
 #include <optional>
 
+#include "common/shm_ring.h"
+
 namespace ps {
+
+struct Transport::ShmShared {
+  std::atomic<uint64_t> frames_sent{0};
+  std::atomic<uint64_t> bytes_sent{0};
+  std::atomic<uint64_t> frames_inline{0};
+  std::atomic<uint64_t> frames_received{0};
+  std::atomic<uint64_t> bad_descriptors{0};
+  std::atomic<bool> warned{false};  // a ring could not be made (logged once)
+
+  // Rings of closed sockets whose frames a receiver still holds (or that may still be in
+  // flight): unlinked once free, or when the Transport goes.
+  void Retire(std::shared_ptr<ShmRing> ring) {
+    std::lock_guard<std::mutex> l(mu);
+    std::erase_if(closed, [](const std::shared_ptr<ShmRing>& r) { return r->Reclaim() == 0; });
+    if (ring->Reclaim() > 0) closed.push_back(std::move(ring));
+  }
+
+  std::mutex mu;
+  std::vector<std::shared_ptr<ShmRing>> closed;  // guarded by mu
+};
+
 namespace {
+
+bool IsIpc(const std::string& endpoint) { return endpoint.rfind("ipc://", 0) == 0; }
+
+// The sending side of the shared-memory path for one socket: a ring per peer ("" for a
+// client socket's one server), made when the first large frame goes to that peer.
+class ShmSender {
+ public:
+  ShmSender(const TransportOptions& o, std::shared_ptr<Transport::ShmShared> shared)
+      : min_frame_bytes_(o.shm_min_frame_bytes), shared_(std::move(shared)) {
+    ring_options_.data_bytes = o.shm_ring_bytes;
+    ring_options_.num_slots = o.shm_ring_slots;
+  }
+  ~ShmSender() {
+    for (auto& [peer, ring] : rings_) shared_->Retire(std::move(ring));
+  }
+
+  // A frame in `peer`'s ring (see ServerSocket::NewFrame), or an ordinary one.
+  zmq::message_t NewFrame(const std::string& peer, size_t bytes) {
+    if (bytes >= min_frame_bytes_) {
+      if (ShmRing* ring = RingFor(peer)) {
+        if (std::optional<zmq::message_t> f = ring->Reserve(bytes)) return std::move(*f);
+      }
+    }
+    return zmq::message_t(bytes);
+  }
+
+  // Frees the slots of descriptors Substitute put into `frames` that were not sent.
+  void Cancel(const std::string& peer, const Frames& frames) {
+    auto it = rings_.find(peer);
+    if (it == rings_.end()) return;
+    for (const zmq::message_t& f : frames) (void)it->second->Cancel(f);
+  }
+
+  // Replaces each large frame of `frames` by a descriptor of its copy in `peer`'s ring.
+  void Substitute(const std::string& peer, Frames& frames) {
+    for (zmq::message_t& f : frames) {
+      if (f.size() < min_frame_bytes_) continue;
+      ShmRing* ring = RingFor(peer);
+      if (ring == nullptr) return;
+      std::optional<zmq::message_t> d = ring->Commit(f);  // built in the ring: no copy
+      if (!d && ring->Contains(f.data())) {
+        // A copy of a frame of this ring sent already (a duplicated reply): its slot may be
+        // freed by the receiver, and Put could then reuse the bytes it copies from.
+        f = CopyFrame(f.data(), f.size());
+      }
+      if (!d) d = ring->Put(f.data(), f.size());
+      if (!d) {
+        shared_->frames_inline.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      shared_->frames_sent.fetch_add(1, std::memory_order_relaxed);
+      shared_->bytes_sent.fetch_add(f.size(), std::memory_order_relaxed);
+      f = std::move(*d);
+    }
+  }
+
+ private:
+  // Peers of a listener come and go (a reconnecting client has a new identity): past this
+  // many rings, those with nothing held are dropped.
+  static constexpr size_t kMaxRings = 64;
+
+  ShmRing* RingFor(const std::string& peer) {
+    auto it = rings_.find(peer);
+    if (it != rings_.end()) return it->second.get();
+    if (failed_) return nullptr;
+    if (rings_.size() >= kMaxRings) {
+      std::erase_if(rings_, [](const auto& kv) { return kv.second->Reclaim() == 0; });
+      if (rings_.size() >= kMaxRings) return nullptr;
+    }
+    Result<std::shared_ptr<ShmRing>> ring = ShmRing::Create(ring_options_);
+    if (!ring.ok()) {
+      failed_ = true;  // this socket sends inline from now on
+      if (!shared_->warned.exchange(true)) {
+        LOG(WARNING) << "shared-memory path off, frames go inline: " << ring.status().ToString();
+      }
+      return nullptr;
+    }
+    return (rings_[peer] = std::move(ring).value()).get();
+  }
+
+  size_t min_frame_bytes_;
+  ShmRingOptions ring_options_;
+  std::shared_ptr<Transport::ShmShared> shared_;
+  std::map<std::string, std::shared_ptr<ShmRing>> rings_;
+  bool failed_ = false;
+};
+
+// The receiving side: turns descriptors back into frames. Only for ipc:// sockets.
+class ShmReceiver {
+ public:
+  explicit ShmReceiver(std::shared_ptr<Transport::ShmShared> shared) : shared_(std::move(shared)) {}
+  Status Resolve(Frames& frames) {
+    for (zmq::message_t& f : frames) {
+      if (!LooksLikeShmDescriptor(f)) continue;
+      Result<zmq::message_t> m = mapper_.Resolve(f);
+      if (!m.ok()) {
+        shared_->bad_descriptors.fetch_add(1, std::memory_order_relaxed);
+        return m.status();
+      }
+      shared_->frames_received.fetch_add(1, std::memory_order_relaxed);
+      f = std::move(m).value();
+    }
+    return Status::Ok();
+  }
+
+ private:
+  std::shared_ptr<Transport::ShmShared> shared_;
+  ShmMapper mapper_;
+};
+
+// What a socket of `endpoint` gets of the shared-memory path (nullptr: none).
+struct ShmParts {
+  std::unique_ptr<ShmSender> sender;
+  std::unique_ptr<ShmReceiver> receiver;
+};
 
 Status FromZmq(const zmq::error_t& e, const std::string& what) {
   if (e.num() == EHOSTUNREACH) return Unavailable(what + ": peer is gone");
@@ -62,8 +202,11 @@ bool WaitReadable(zmq::socket_t& s, std::chrono::milliseconds timeout) {
 
 class ZmqServerSocket final : public ServerSocket {
  public:
-  ZmqServerSocket(zmq::socket_t s, std::string bound, size_t max_frames)
-      : s_(std::move(s)), bound_(std::move(bound)), max_frames_(max_frames) {}
+  ZmqServerSocket(zmq::socket_t s, std::string bound, size_t max_frames, ShmParts shm)
+      : s_(std::move(s)), bound_(std::move(bound)), max_frames_(max_frames), shm_(std::move(shm)) {}
+  ~ZmqServerSocket() override {
+    s_.close();  // before the rings: retiring one sees what the socket still holds
+  }
   std::string BoundEndpoint() const override { return bound_; }
 
   Result<Incoming> Recv(std::chrono::milliseconds timeout) override {
@@ -82,6 +225,11 @@ class ZmqServerSocket final : public ServerSocket {
         // The caller answers the peer with this error; the frames kept are not decoded.
         in.frames.clear();
         in.too_many_frames = true;
+      } else if (shm_.receiver) {
+        if (Status s = shm_.receiver->Resolve(in.frames); !s.ok()) {
+          in.frames.clear();
+          in.bad_frame = s;
+        }
       }
       return in;
     } catch (const zmq::error_t& e) {
@@ -90,12 +238,20 @@ class ZmqServerSocket final : public ServerSocket {
   }
 
   Status Send(const std::string& peer, Frames frames) override {
+    if (shm_.sender) shm_.sender->Substitute(peer, frames);
     try {
       (void)s_.send(zmq::buffer(peer), zmq::send_flags::sndmore);
     } catch (const zmq::error_t& e) {
+      // The peer is gone (router_mandatory): nothing was sent, so no one will free the slots.
+      if (shm_.sender) shm_.sender->Cancel(peer, frames);
       return FromZmq(e, "send on " + bound_);
     }
     return SendFrames(s_, frames, "send on " + bound_);
+  }
+
+  zmq::message_t NewFrame(const std::string& peer, size_t bytes) override {
+    if (shm_.sender) return shm_.sender->NewFrame(peer, bytes);
+    return zmq::message_t(bytes);
   }
 
   zmq::socket_ref PollHandle() override { return s_; }
@@ -104,15 +260,20 @@ class ZmqServerSocket final : public ServerSocket {
   zmq::socket_t s_;
   std::string bound_;
   size_t max_frames_;
+  ShmParts shm_;
 };
 
 class ZmqClientSocket final : public ClientSocket {
  public:
-  ZmqClientSocket(zmq::socket_t s, std::string endpoint)
-      : s_(std::move(s)), endpoint_(std::move(endpoint)) {}
+  ZmqClientSocket(zmq::socket_t s, std::string endpoint, ShmParts shm)
+      : s_(std::move(s)), endpoint_(std::move(endpoint)), shm_(std::move(shm)) {}
+  ~ZmqClientSocket() override { s_.close(); }
   const std::string& Endpoint() const override { return endpoint_; }
 
-  Status Send(Frames frames) override { return SendFrames(s_, frames, "send to " + endpoint_); }
+  Status Send(Frames frames) override {
+    if (shm_.sender) shm_.sender->Substitute("", frames);
+    return SendFrames(s_, frames, "send to " + endpoint_);
+  }
 
   Result<Frames> Recv(std::chrono::milliseconds timeout) override {
     try {
@@ -122,7 +283,7 @@ class ZmqClientSocket final : public ClientSocket {
       }
       zmq::message_t first;
       (void)s_.recv(first, zmq::recv_flags::none);
-      return RecvRest(s_, std::move(first));
+      return Resolve(RecvRest(s_, std::move(first)));
     } catch (const zmq::error_t& e) {
       return FromZmq(e, "recv from " + endpoint_);
     }
@@ -132,7 +293,8 @@ class ZmqClientSocket final : public ClientSocket {
     try {
       zmq::message_t first;
       if (!s_.recv(first, zmq::recv_flags::dontwait)) return std::optional<Frames>();
-      return std::optional<Frames>(RecvRest(s_, std::move(first)));
+      PS_ASSIGN_OR_RETURN(Frames frames, Resolve(RecvRest(s_, std::move(first))));
+      return std::optional<Frames>(std::move(frames));
     } catch (const zmq::error_t& e) {
       return FromZmq(e, "recv from " + endpoint_);
     }
@@ -141,9 +303,24 @@ class ZmqClientSocket final : public ClientSocket {
   zmq::socket_ref PollHandle() override { return s_; }
 
  private:
+  Result<Frames> Resolve(Frames frames) {
+    if (shm_.receiver) PS_RETURN_IF_ERROR(shm_.receiver->Resolve(frames));
+    return frames;
+  }
+
   zmq::socket_t s_;
   std::string endpoint_;
+  ShmParts shm_;
 };
+
+ShmParts MakeShmParts(const std::string& endpoint, const TransportOptions& o,
+                      const std::shared_ptr<Transport::ShmShared>& shared) {
+  ShmParts parts;
+  if (!IsIpc(endpoint)) return parts;
+  parts.receiver = std::make_unique<ShmReceiver>(shared);
+  if (o.shm == ShmMode::kAuto) parts.sender = std::make_unique<ShmSender>(o, shared);
+  return parts;
+}
 
 }  // namespace
 
@@ -171,7 +348,8 @@ Frames ShareFrames(Frames& frames) {
   return shared;
 }
 
-Transport::Transport(TransportOptions options) : options_(options), context_(options.io_threads) {}
+Transport::Transport(TransportOptions options)
+    : options_(options), shm_(std::make_shared<ShmShared>()), context_(options.io_threads) {}
 
 Transport::~Transport() {
   // The ZAP handler's thread blocks in recv until the context shuts down. Callers close
@@ -186,6 +364,16 @@ Transport::~Transport() {
 uint64_t Transport::RejectedPeers() const {
   std::lock_guard<std::mutex> l(const_cast<std::mutex&>(zap_mu_));
   return zap_ ? zap_->rejected() : 0;
+}
+
+ShmStats Transport::shm_stats() const {
+  ShmStats s;
+  s.frames_sent = shm_->frames_sent.load();
+  s.bytes_sent = shm_->bytes_sent.load();
+  s.frames_inline = shm_->frames_inline.load();
+  s.frames_received = shm_->frames_received.load();
+  s.bad_descriptors = shm_->bad_descriptors.load();
+  return s;
 }
 
 Status Transport::ApplySecurity(zmq::socket_t& s, const std::string& endpoint, bool listener) {
@@ -230,7 +418,8 @@ Result<std::unique_ptr<ServerSocket>> Transport::Listen(const std::string& endpo
     s.bind(endpoint);
     std::string bound = s.get(zmq::sockopt::last_endpoint);
     return std::unique_ptr<ServerSocket>(
-        new ZmqServerSocket(std::move(s), bound, std::max<size_t>(options_.max_frames, 1)));
+        new ZmqServerSocket(std::move(s), bound, std::max<size_t>(options_.max_frames, 1),
+                            MakeShmParts(bound, options_, shm_)));
   } catch (const zmq::error_t& e) {
     return Unavailable("cannot listen on " + endpoint + ": " + e.what());
   }
@@ -243,7 +432,8 @@ Result<std::unique_ptr<ClientSocket>> Transport::Connect(const std::string& endp
     Configure(s, options_);
     PS_RETURN_IF_ERROR(ApplySecurity(s, endpoint, /*listener=*/false));
     s.connect(endpoint);
-    return std::unique_ptr<ClientSocket>(new ZmqClientSocket(std::move(s), endpoint));
+    return std::unique_ptr<ClientSocket>(
+        new ZmqClientSocket(std::move(s), endpoint, MakeShmParts(endpoint, options_, shm_)));
   } catch (const zmq::error_t& e) {
     return Unavailable("cannot connect to " + endpoint + ": " + e.what());
   }

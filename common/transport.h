@@ -20,6 +20,15 @@
 // its receive high-water mark makes a flooding peer wait (TCP backpressure) instead of
 // growing the server's memory.
 //
+// Same-host payloads (options.shm): on ipc:// sockets a frame of at least shm_min_frame_bytes
+// is copied into a shared-memory ring the sending socket owns (one per connection; one per
+// peer for a listener), or built there in the first place (ServerSocket::NewFrame), and
+// only a small descriptor travels on the socket; the receiving
+// socket hands the layers above a frame over the shared bytes (no receive copy), and
+// releasing that frame frees the slot. A full ring sends the frame inline. Receiving sockets
+// on ipc:// always accept descriptors; tcp:// and inproc:// sockets never send or accept
+// them. See common/shm_ring.h for the segment's layout, lifetime and checks.
+//
 // Thread model: a socket is used by one thread at a time (ZeroMQ sockets are not
 // thread-safe); a Transport (it owns the ZeroMQ context) may be shared by all threads.
 // All waits take a timeout; nothing blocks forever.
@@ -47,6 +56,23 @@ struct Incoming {
   // The message had more than TransportOptions::max_frames frames; `frames` is then empty
   // and the caller answers with an error.
   bool too_many_frames = false;
+  // A frame could not be received whole (a bad shared-memory descriptor): `frames` is then
+  // empty and the caller answers with this error.
+  Status bad_frame;
+};
+
+// Counts of the shared-memory path of one Transport (all its sockets).
+struct ShmStats {
+  uint64_t frames_sent = 0;      // frames that travelled through a ring
+  uint64_t bytes_sent = 0;       // their payload bytes
+  uint64_t frames_inline = 0;    // large frames sent inline: ring or /dev/shm full
+  uint64_t frames_received = 0;  // descriptors turned into frames
+  uint64_t bad_descriptors = 0;  // descriptors refused
+};
+
+enum class ShmMode {
+  kOff,   // every frame inline
+  kAuto,  // large frames through shared memory on ipc:// sockets
 };
 
 struct TransportOptions {
@@ -68,6 +94,18 @@ struct TransportOptions {
   // Listeners: messages queued per peer before ZeroMQ stops reading that peer's connection
   // (backpressure); 0 for no bound.
   int receive_hwm = 1000;
+  // The shared-memory path for ipc:// peers (see above). Off keeps this process's payloads
+  // out of shared memory; it still accepts peers' descriptors on ipc:// sockets.
+  ShmMode shm = ShmMode::kAuto;
+  // Frames smaller than this travel inline: a descriptor and a slot cost more than copying
+  // a small frame through the socket.
+  size_t shm_min_frame_bytes = 64 << 10;
+  // Capacity of one ring's data area. Virtual: pages are committed as first used and reused
+  // from the start whenever the ring drains, so a ring costs the bytes in flight at its peak.
+  // A frame larger than this travels inline.
+  uint64_t shm_ring_bytes = uint64_t{256} << 20;
+  // Frames of one ring in flight at once (held by the receiver); more travel inline.
+  uint32_t shm_ring_slots = 256;
 };
 
 class ServerSocket {
@@ -79,6 +117,14 @@ class ServerSocket {
   virtual Result<Incoming> Recv(std::chrono::milliseconds timeout) = 0;
   // Sends `frames` to `peer`. Unavailable when the peer is gone.
   virtual Status Send(const std::string& peer, Frames frames) = 0;
+  // A frame of `bytes` bytes for a reply to `peer`, to be filled and then sent on this
+  // socket: on the shared-memory path it lies in `peer`'s ring and is sent without a copy;
+  // otherwise (or when the ring has no room) it is an ordinary frame. Do not read it after
+  // it is sent (the receiver owns the bytes then). Same thread as Send.
+  virtual zmq::message_t NewFrame(const std::string& peer, size_t bytes) {
+    (void)peer;
+    return zmq::message_t(bytes);
+  }
   // For polling several sockets together (see PollSockets).
   virtual zmq::socket_ref PollHandle() = 0;
 };
@@ -107,11 +153,17 @@ class Transport {
   const TransportOptions& options() const { return options_; }
   // Clients the ZAP handler rejected so far (0 without CURVE or before the first listener).
   uint64_t RejectedPeers() const;
+  ShmStats shm_stats() const;
+
+  struct ShmShared;  // stats and the rings of closed sockets with frames still held
 
  private:
   Status ApplySecurity(zmq::socket_t& s, const std::string& endpoint, bool listener);
 
   TransportOptions options_;
+  // Declared before context_: destroyed after it, once linger has delivered or dropped every
+  // message that may name a closed socket's ring.
+  std::shared_ptr<ShmShared> shm_;
   zmq::context_t context_;
   std::mutex zap_mu_;
   std::unique_ptr<ZapHandler> zap_;  // guarded by zap_mu_; started by the first listener
@@ -125,7 +177,8 @@ zmq::message_t CopyFrame(const void* data, size_t bytes);
 
 // Copies of `frames` that share their payload buffers (zmq_msg_copy: reference counted, no
 // bytes copied), for a message sent again or to a second peer. Neither side may write to
-// the payloads afterwards.
+// the payloads afterwards. A frame over shared memory is shared the same way: its slot is
+// freed when the last copy goes.
 Frames ShareFrames(Frames& frames);
 
 }  // namespace ps

@@ -544,8 +544,8 @@ Result<Frames> ServerCore::HandlePush(wire::Header::Reader h, const Frames& requ
   return out;
 }
 
-Result<Frames> ServerCore::ServePull(wire::Header::Reader h, const Frames& request,
-                                     std::chrono::microseconds held) {
+Result<Frames> ServerCore::ServePull(const std::string& peer, wire::Header::Reader h,
+                                     const Frames& request, std::chrono::microseconds held) {
   auto pull = h.getBody().getPull();
   PS_ASSIGN_OR_RETURN(Addressed a, Address(pull.getTableId(), pull.getKeys(), request));
   if (request.size() != a.next_frame) {
@@ -553,7 +553,8 @@ Result<Frames> ServerCore::ServePull(wire::Header::Reader h, const Frames& reque
                            std::to_string(a.next_frame));
   }
   const size_t width = a.table->width();
-  zmq::message_t values(a.rows * width * sizeof(float));
+  const size_t bytes = a.rows * width * sizeof(float);
+  zmq::message_t values = frame_allocator_ ? frame_allocator_(peer, bytes) : zmq::message_t(bytes);
   float* dst = static_cast<float*>(values.data());
   PS_RETURN_IF_ERROR(ForEachRow(a, /*for_write=*/false, [&](size_t i, float* row) {
     std::memcpy(dst + i * width, row, width * sizeof(float));
@@ -598,7 +599,7 @@ Result<Frames> ServerCore::HandlePull(const std::string& peer, DecodedHeader& de
       return Frames();
     }
   }
-  return ServePull(h, request, std::chrono::microseconds(0));
+  return ServePull(peer, h, request, std::chrono::microseconds(0));
 }
 
 void ServerCore::ReleaseHeldPulls(std::vector<Outgoing>* out) {
@@ -612,7 +613,7 @@ void ServerCore::ReleaseHeldPulls(std::vector<Outgoing>* out) {
     auto held = std::chrono::duration_cast<std::chrono::microseconds>(now - it->since);
     Result<Frames> reply = Internal("unreachable");
     try {
-      reply = ServePull(it->header.get(), it->request, held);
+      reply = ServePull(it->peer, it->header.get(), it->request, held);
     } catch (const kj::Exception& e) {
       reply = InvalidArgument(std::string("malformed header: ") + e.getDescription().cStr());
     }

@@ -33,6 +33,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -197,6 +198,12 @@ class ServerCore {
   // For tests: the stored values of one row (width floats), or NotFound.
   Result<std::vector<float>> ReadRow(uint32_t table, uint64_t key);
 
+  // Where the values frame of a pull reply to `peer` comes from (default: an ordinary
+  // frame). The server loop points it at its socket, so that a reply is built in the peer's
+  // shared-memory ring and sent without a copy (ServerSocket::NewFrame).
+  using FrameAllocator = std::function<zmq::message_t(const std::string& peer, size_t bytes)>;
+  void set_frame_allocator(FrameAllocator a) { frame_allocator_ = std::move(a); }
+
  private:
   ServerCore(const JobConfig& config, int server_id, std::unique_ptr<Optimizer> optimizer,
              LrPolicy lr_policy);
@@ -228,7 +235,7 @@ class ServerCore {
   Result<Frames> HandlePush(wire::Header::Reader h, const Frames& request);
   // Answers a pull now, or holds it (returns an empty Frames) while the bound blocks it.
   Result<Frames> HandlePull(const std::string& peer, DecodedHeader& decoded, Frames& request);
-  Result<Frames> ServePull(wire::Header::Reader h, const Frames& request,
+  Result<Frames> ServePull(const std::string& peer, wire::Header::Reader h, const Frames& request,
                            std::chrono::microseconds held);
   Result<Frames> HandleClock(wire::Header::Reader h, std::vector<Outgoing>* out);
   Result<Frames> HandleEvict(wire::Header::Reader h, std::vector<Outgoing>* out);
@@ -264,6 +271,7 @@ class ServerCore {
   int64_t checkpoint_base_ = 0;        // --checkpoint_every=N clocks fall on base + k N
   double restore_seconds_ = 0;
   RequestLimits limits_;
+  FrameAllocator frame_allocator_;
 };
 
 }  // namespace ps

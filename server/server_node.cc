@@ -106,6 +106,14 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
                           std::chrono::milliseconds report_interval, ServerMetrics* metrics,
                           BackupStore* backups, BackupLink* backup_link,
                           const HeartbeatSender* heartbeat) {
+  // Pull replies are built where the socket sends them from (a peer's shared-memory ring
+  // on ipc://); every reply goes out through `socket` on this thread.
+  core.set_frame_allocator(
+      [&socket](const std::string& peer, size_t bytes) { return socket.NewFrame(peer, bytes); });
+  struct Unset {
+    ServerCore& core;
+    ~Unset() { core.set_frame_allocator(nullptr); }
+  } unset{core};
   std::vector<Outgoing> out;
   auto send = [&](std::vector<Outgoing>& replies) {
     for (Outgoing& o : replies) {
@@ -182,6 +190,8 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
       out.push_back(Outgoing{in->peer, ErrorReply(0, core.server_id(),
                                                   InvalidArgument("message has too many frames "
                                                                   "(see --max_frames)"))});
+    } else if (in.ok() && !in->bad_frame.ok()) {
+      out.push_back(Outgoing{in->peer, ErrorReply(0, core.server_id(), in->bad_frame)});
     } else if (in.ok()) {
       const RequestKind kind = (backups != nullptr || backup_link != nullptr) ? Classify(in->frames)
                                                                               : RequestKind::kOther;

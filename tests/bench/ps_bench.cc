@@ -2,13 +2,15 @@
 // the same run over the same transport (servers run in this process on their own threads,
 // as the raw ZeroMQ echo peer does, so both pay for the same loopback path and cores).
 //
-//   ps_bench [--transport=tcp|ipc] [--seconds=0.5] [--sizes_mb=1,4,16,64] [--json=FILE]
+//   ps_bench [--transport=tcp|ipc] [--shm=auto|off] [--seconds=0.5] [--sizes_mb=1,4,16,64]
+//            [--json=FILE]
 //   ps_bench --curve=compare [--io_threads=N]   dense push/pull with CURVE vs plain, same run
 //
 // Dense rows: a table of 1024-float rows sized to the message; one Push/Pull covers it
 // all and is split across the servers. Raw ZeroMQ: a DEALER sends the same bytes to a
 // ROUTER that answers with an 8-byte ack, one message in flight (as a push waits for its
-// ack), over the same transport (zmq_gbps) and over TCP (zmq_tcp_gbps); memcpy_gbps is one
+// ack), over the same transport (zmq_gbps, plain ZeroMQ: never the shared-memory path) and
+// over TCP (zmq_tcp_gbps); memcpy_gbps is one
 // thread copying the same bytes between warm buffers. Ratios to ps-lite are against the
 // figures measured on this kind of machine (issue 10): push 2.41 / 2.14 / 1.87 GB/s and
 // pull 1.82 / 1.99 / 1.58 at 1 / 4 / 16 MB over loopback TCP.
@@ -21,8 +23,8 @@
 // Sparse: pulls of 1000 random keys of a 16-float sparse table.
 //
 // --json=FILE writes one JSON object per row: mode (push|pull|apply|sparse_pull),
-// size_bytes, servers, path (tcp|ipc|inproc), gbps, zmq_gbps, zmq_tcp_gbps, memcpy_gbps,
-// pslite_gbps (where known).
+// size_bytes, servers, path (tcp|ipc|shm|inproc: shm is ipc with --shm=auto), gbps, zmq_gbps,
+// zmq_tcp_gbps, memcpy_gbps, pslite_gbps (where known).
 #include <gflags/gflags.h>
 
 #include <atomic>
@@ -44,6 +46,9 @@
 #include "worker/kv_client.h"
 
 DEFINE_string(transport, "tcp", "tcp | ipc");
+DEFINE_string(shm, "auto",
+              "with --transport=ipc: auto carries payloads through shared memory, off through "
+              "the socket");
 DEFINE_double(seconds, 0.5, "time per measurement");
 DEFINE_string(sizes_mb, "1,4,16,64", "dense payload sizes in MB");
 DEFINE_string(json, "", "also write one JSON object per row to this file");
@@ -219,6 +224,7 @@ std::pair<double, double> DenseGbps(Transport& t, size_t bytes) {
 void CompareCurve(const std::vector<int>& sizes) {
   TransportOptions plain_opt;
   plain_opt.io_threads = FLAGS_io_threads;
+  plain_opt.shm = FLAGS_shm == "off" ? ShmMode::kOff : ShmMode::kAuto;
   TransportOptions curve_opt = plain_opt;
   curve_opt.security = BenchCurve();
   Transport plain(plain_opt), curve(curve_opt);
@@ -254,26 +260,31 @@ void Run(const std::vector<int>& sizes) {
   TransportOptions topt;
   topt.io_threads = FLAGS_io_threads;
   if (FLAGS_curve == "on") topt.security = BenchCurve();
-  Transport t(topt);
+  topt.shm = FLAGS_shm == "off" ? ShmMode::kOff : ShmMode::kAuto;
+  TransportOptions raw_opt = topt;
+  raw_opt.shm = ShmMode::kOff;  // raw ZeroMQ is the socket alone
+  Transport t(topt), raw_t(raw_opt);
+  const std::string path =
+      FLAGS_transport == "ipc" && topt.shm == ShmMode::kAuto ? "shm" : FLAGS_transport;
   std::vector<nlohmann::json> rows;
-  std::printf("ps_bench over %s (each figure: %.1f s of back-to-back requests)\n",
-              FLAGS_transport.c_str(), FLAGS_seconds);
+  std::printf("ps_bench over %s (each figure: %.1f s of back-to-back requests)\n", path.c_str(),
+              FLAGS_seconds);
   std::printf("%-6s %7s %7s %7s %8s %8s %8s %9s %9s %9s %9s\n", "mode", "size_MB", "servers",
               "GB/s", "zmq_path", "zmq_tcp", "memcpy", "/zmq_path", "/zmq_tcp", "/memcpy",
               "/ps-lite");
   for (int mb : sizes) {
     size_t bytes = static_cast<size_t>(mb) << 20;
-    double raw = RawZmqGbps(t, bytes, FLAGS_transport);
-    double raw_tcp = FLAGS_transport == "tcp" ? raw : RawZmqGbps(t, bytes, "tcp");
+    double raw = RawZmqGbps(raw_t, bytes, FLAGS_transport);
+    double raw_tcp = FLAGS_transport == "tcp" ? raw : RawZmqGbps(raw_t, bytes, "tcp");
     double copy = MemcpyGbps(bytes);
-    auto print = [&](const char* mode, int servers, double gbps, const std::string& path) {
+    auto print = [&](const char* mode, int servers, double gbps, const std::string& row_path) {
       const double pslite = PsLiteGbps(mode, mb);
       char vs_pslite[16] = "-";
       if (pslite > 0) std::snprintf(vs_pslite, sizeof(vs_pslite), "%.2f", gbps / pslite);
       std::printf("%-6s %7d %7d %7.2f %8.2f %8.2f %8.2f %9.2f %9.2f %9.2f %9s\n", mode, mb, servers,
                   gbps, raw, raw_tcp, copy, gbps / raw, gbps / raw_tcp, gbps / copy, vs_pslite);
       nlohmann::json row = {
-          {"mode", mode}, {"size_bytes", bytes}, {"servers", servers},      {"path", path},
+          {"mode", mode}, {"size_bytes", bytes}, {"servers", servers},      {"path", row_path},
           {"gbps", gbps}, {"zmq_gbps", raw},     {"zmq_tcp_gbps", raw_tcp}, {"memcpy_gbps", copy}};
       if (pslite > 0) row["pslite_gbps"] = pslite;
       rows.push_back(row);
@@ -289,8 +300,8 @@ void Run(const std::vector<int>& sizes) {
           Rate([&] { (void)c.client->Wait(c.client->PushRange(0, all, buf)); }) * bytes / 1e9;
       double pull =
           Rate([&] { (void)c.client->Wait(c.client->PullRange(0, all, buf)); }) * bytes / 1e9;
-      print("push", servers, push, FLAGS_transport);
-      print("pull", servers, pull, FLAGS_transport);
+      print("push", servers, push, path);
+      print("pull", servers, pull, path);
     }
   }
   for (int servers : {1, 2}) {
@@ -309,8 +320,14 @@ void Run(const std::vector<int>& sizes) {
     rows.push_back({{"mode", "sparse_pull"},
                     {"keys", keys.size()},
                     {"servers", servers},
-                    {"path", FLAGS_transport},
+                    {"path", path},
                     {"rows_per_sec", rate * keys.size()}});
+  }
+  if (path == "shm") {
+    const ShmStats st = t.shm_stats();
+    std::printf("shared memory: %llu frames (%.1f GB) through rings, %llu inline (ring full)\n",
+                static_cast<unsigned long long>(st.frames_sent), st.bytes_sent / 1e9,
+                static_cast<unsigned long long>(st.frames_inline));
   }
   if (!FLAGS_json.empty()) {
     std::ofstream out(FLAGS_json);
@@ -326,6 +343,10 @@ int main(int argc, char** argv) {
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   // A bad list is the user's input: say so instead of aborting.
+  if (FLAGS_shm != "auto" && FLAGS_shm != "off") {
+    std::fprintf(stderr, "ps_bench: --shm=%s: expected auto or off\n", FLAGS_shm.c_str());
+    return 2;
+  }
   ps::Result<std::vector<int>> sizes = ps::ParseIntList("sizes_mb", FLAGS_sizes_mb);
   if (!sizes.ok()) {
     std::fprintf(stderr, "ps_bench: %s\n", sizes.status().ToString().c_str());
