@@ -93,9 +93,12 @@ TEST(MetricsJobTest, EveryProcessServesMetricsAndTheyMove) {
   ASSERT_GT(base, 0) << "no 5 free ports in a row on 127.0.0.1";
   const int coordinator = base, server0 = base + 1, worker1 = base + 4;
   const auto deadline = itest::DeadlineIn(std::chrono::seconds(90));
+  // The whole default job (15 epochs, ~25 s here): the scrapes below need it running for a
+  // few seconds (one epoch is over in under 2 s with shared memory), and the test stops
+  // it once they are done.
   auto job = itest::ChildProcess::Spawn(
       {"/bin/bash", itest::SourceDir() + "/scripts/launch_local.sh", "--no_build", "--run_dir",
-       dir.Join("run"), "--metrics_port", std::to_string(base), "--", "--epochs=1"},
+       dir.Join("run"), "--metrics_port", std::to_string(base), "--", "--epochs=15"},
       dir.Join("launch.log"), SIGTERM);
   ASSERT_TRUE(job.ok()) << job.status().ToString();
 
