@@ -96,6 +96,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   ps::Transport transport(topt);
+  // A dead coordinator shuts nobody down: stop as on SIGTERM (writing the checkpoint).
+  options.on_coordinator_lost = [] { g_stop.store(true); };
   ps::Status s = ps::RunServer(options, &transport, g_stop);
   if (!s.ok()) {
     LOG(ERROR) << "ps_server: " << s.ToString();

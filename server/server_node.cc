@@ -346,6 +346,9 @@ Status RunServer(const ServerOptions& options, Transport* transport,
   hopt.id = reg.id;
   hopt.interval = std::chrono::milliseconds(
       std::max<int64_t>(1, static_cast<int64_t>(reg.config.heartbeat_timeout * 1000 / 4)));
+  hopt.coordinator_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(reg.config.heartbeat_timeout * 3000));
+  hopt.on_coordinator_lost = options.on_coordinator_lost;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<HeartbeatSender> heartbeat,
                       HeartbeatSender::Start(transport, hopt));
   std::optional<ServerMetrics> metrics;

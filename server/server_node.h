@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -45,6 +46,10 @@ struct ServerOptions {
   Metrics* metrics = nullptr;
   // Bounds on one push or pull (see server/server_core.h).
   RequestLimits limits;
+  // Runs once, on the heartbeat thread, when the coordinator answered no heartbeat for
+  // 3 x the job's --heartbeat_timeout (it died: nobody will shut this server down);
+  // ps_server stops as on SIGTERM (checkpoint, then exit). nullptr: keep serving.
+  std::function<void()> on_coordinator_lost;
 };
 
 // Answers requests on `socket` with `core` until a shutdown request has been answered or

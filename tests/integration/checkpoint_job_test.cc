@@ -70,6 +70,16 @@ class CheckpointJobTest : public itest::JobTest {
     procs->push_back(std::move(*worker));
   }
 
+  // Until metrics.jsonl has a train line (training is under way).
+  void WaitForTraining(itest::Deadline deadline) {
+    for (;;) {
+      ASSERT_LT(itest::SteadyClock::now(), deadline) << "the job never trained";
+      Result<std::string> m = itest::ReadFile(RunDir() + "/metrics.jsonl");
+      if (m.ok() && m->find("\"kind\":\"train\"") != std::string::npos) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+
   // Starts the job again with --restore=latest (the first run's directory moved aside) at
   // full speed and returns its summary once every process exited cleanly.
   Result<itest::json> RestoreLatestAndFinish(std::vector<std::string> job,
@@ -431,13 +441,7 @@ TEST_F(CheckpointJobTest, SigtermStopsTheJobAtARecordedCheckpointSet) {
     std::vector<ChildProcess> procs;
     start(job, "2000", &procs);
     if (HasFatalFailure()) return;
-    // Training is under way (metrics.jsonl has a train line) before the signal.
-    for (;;) {
-      ASSERT_LT(itest::SteadyClock::now(), deadline) << "the job never trained";
-      Result<std::string> m = itest::ReadFile(RunDir() + "/metrics.jsonl");
-      if (m.ok() && m->find("\"kind\":\"train\"") != std::string::npos) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    ASSERT_NO_FATAL_FAILURE(WaitForTraining(deadline));
     ASSERT_EQ(RecordedClock(ckpt), 0) << "no set before the signal";
     ASSERT_EQ(kill(procs[0].pid(), SIGTERM), 0);
     Result<int> rc = procs[0].WaitExit(deadline);
@@ -462,6 +466,48 @@ TEST_F(CheckpointJobTest, SigtermStopsTheJobAtARecordedCheckpointSet) {
   itest::json per_epoch = (*summary)["examples_per_epoch"];
   ASSERT_EQ(per_epoch.size(), 4u);
   for (int e = 1; e <= 4; ++e) EXPECT_EQ(per_epoch[e - 1], e < epoch ? 0 : 2000) << e;
+}
+
+// kill -9 of the coordinator: nobody will shut the others down, so each notices that its
+// heartbeats go unanswered (3 x --heartbeat_timeout) and stops as on SIGTERM: the server
+// writes its shard at its clock, the worker drains; both exit within a bound.
+TEST_F(CheckpointJobTest, AKilledCoordinatorStopsTheServerAndTheWorker) {
+  const Deadline deadline = DeadlineIn(std::chrono::seconds(60));
+  ASSERT_NO_FATAL_FAILURE(MakeSparseData(deadline));
+  const std::string ckpt = dir_.Join("checkpoints");
+  std::vector<std::string> job = SparseLrJob(ckpt);
+  for (std::string& f : job) {
+    if (f == "--checkpoint_every=20") f = "--checkpoint_every=0";
+  }
+  job.push_back("--heartbeat_timeout=1");
+  std::vector<ChildProcess> procs;
+  StartSparseJob(job, "2000", deadline, &procs);
+  if (HasFatalFailure()) return;
+  ASSERT_NO_FATAL_FAILURE(WaitForTraining(deadline));
+  const auto killed = itest::SteadyClock::now();
+  procs[0].Kill();
+  // Lost after 3 s of silence; the worker's drain is bounded by --drain_timeout_ms (10 s).
+  const Deadline bound = DeadlineIn(std::chrono::seconds(20));
+  Result<int> server_rc = procs[1].WaitExit(bound);
+  ASSERT_TRUE(server_rc.ok()) << "the server outlived its coordinator: "
+                              << server_rc.status().ToString();
+  const double server_seconds =
+      std::chrono::duration<double>(itest::SteadyClock::now() - killed).count();
+  Result<int> worker_rc = procs[2].WaitExit(bound);
+  ASSERT_TRUE(worker_rc.ok()) << "the worker outlived its coordinator: "
+                              << worker_rc.status().ToString();
+  const double worker_seconds =
+      std::chrono::duration<double>(itest::SteadyClock::now() - killed).count();
+  std::printf("coordinator killed: server exited after %.2f s, worker after %.2f s\n",
+              server_seconds, worker_seconds);
+  EXPECT_GE(server_seconds, 2.5) << "not before its heartbeats went unanswered";
+  // The server's shard, written on the way out (not a recorded set: no coordinator).
+  bool written = false;
+  for (const auto& e : std::filesystem::directory_iterator(ckpt)) {
+    written |= e.is_directory() && std::filesystem::exists(e.path() / "server-0.ckpt");
+  }
+  EXPECT_TRUE(written) << "no checkpoint file under " << ckpt;
+  EXPECT_EQ(RecordedClock(ckpt), 0);
 }
 
 }  // namespace
