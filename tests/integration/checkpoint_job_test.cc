@@ -95,9 +95,10 @@ class CheckpointJobTest : public itest::JobTest {
     return ReadSummary();
   }
 
-  // Sparse LR on that data, 1 worker, BSP, 4 epochs, a checkpoint every epoch: 2000
+  // Sparse LR on that data, 1 worker, BSP, 4 epochs, a checkpoint every epoch (or every
+  // `checkpoint_every` clocks; 0: none but on SIGTERM): 2000
   // examples in batches of 100 are 20 clocks an epoch, so clock 20k ends epoch k.
-  std::vector<std::string> SparseLrJob(const std::string& ckpt) {
+  std::vector<std::string> SparseLrJob(const std::string& ckpt, int checkpoint_every = 20) {
     return {"--model=sparse_lr",
             "--train_data=" + dir_.Join("train.svm"),
             "--test_data=" + dir_.Join("test.svm"),
@@ -114,7 +115,7 @@ class CheckpointJobTest : public itest::JobTest {
             "--gamma=0.99",
             "--epsilon=1e-6",
             "--report_every_seconds=1e-6",
-            "--checkpoint_every=20",
+            "--checkpoint_every=" + std::to_string(checkpoint_every),
             "--checkpoint_dir=" + ckpt};
   }
 };
@@ -427,10 +428,7 @@ TEST_F(CheckpointJobTest, SigtermStopsTheJobAtARecordedCheckpointSet) {
   const Deadline deadline = DeadlineIn(std::chrono::seconds(100));
   ASSERT_NO_FATAL_FAILURE(MakeSparseData(deadline));
   const std::string ckpt = dir_.Join("checkpoints");
-  std::vector<std::string> job = SparseLrJob(ckpt);
-  for (std::string& f : job) {
-    if (f == "--checkpoint_every=20") f = "--checkpoint_every=0";
-  }
+  std::vector<std::string> job = SparseLrJob(ckpt, /*checkpoint_every=*/0);
   // The worker gives up on a coordinator silent for 3 x this (then drains and leaves).
   job.push_back("--heartbeat_timeout=2");
   auto start = [&](const std::vector<std::string>& flags, const std::string& slowdown,
@@ -475,10 +473,7 @@ TEST_F(CheckpointJobTest, AKilledCoordinatorStopsTheServerAndTheWorker) {
   const Deadline deadline = DeadlineIn(std::chrono::seconds(60));
   ASSERT_NO_FATAL_FAILURE(MakeSparseData(deadline));
   const std::string ckpt = dir_.Join("checkpoints");
-  std::vector<std::string> job = SparseLrJob(ckpt);
-  for (std::string& f : job) {
-    if (f == "--checkpoint_every=20") f = "--checkpoint_every=0";
-  }
+  std::vector<std::string> job = SparseLrJob(ckpt, /*checkpoint_every=*/0);
   job.push_back("--heartbeat_timeout=1");
   std::vector<ChildProcess> procs;
   StartSparseJob(job, "2000", deadline, &procs);
