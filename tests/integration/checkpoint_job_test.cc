@@ -96,8 +96,8 @@ class CheckpointJobTest : public itest::JobTest {
   }
 
   // Sparse LR on that data, 1 worker, BSP, 4 epochs, a checkpoint every epoch (or every
-  // `checkpoint_every` clocks; 0: none but on SIGTERM): 2000
-  // examples in batches of 100 are 20 clocks an epoch, so clock 20k ends epoch k.
+  // `checkpoint_every` clocks; 0: none but on SIGTERM): 2000 examples in batches of 100
+  // are 20 clocks an epoch, so clock 20k ends epoch k.
   std::vector<std::string> SparseLrJob(const std::string& ckpt, int checkpoint_every = 20) {
     return {"--model=sparse_lr",
             "--train_data=" + dir_.Join("train.svm"),
