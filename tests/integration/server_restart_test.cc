@@ -42,8 +42,9 @@ double UnixNow() {
 class ServerRestartTest : public itest::JobTest {
  protected:
   // The job's flags: 2 servers without backups, 2 workers under SSP, a checkpoint set
-  // every kCheckpointEvery clocks.
-  std::vector<std::string> JobFlags() {
+  // every kCheckpointEvery clocks into `checkpoint_dir` (default: the test's checkpoints).
+  std::vector<std::string> JobFlags(std::string checkpoint_dir = "") {
+    if (checkpoint_dir.empty()) checkpoint_dir = dir_.Join("checkpoints");
     return {"--num_servers=2",
             "--num_workers=2",
             "--epochs=2",
@@ -54,7 +55,7 @@ class ServerRestartTest : public itest::JobTest {
             "--base_lr=0.1",
             "--report_every_seconds=0.2",
             "--checkpoint_every=" + std::to_string(kCheckpointEvery),
-            "--checkpoint_dir=" + dir_.Join("checkpoints"),
+            "--checkpoint_dir=" + checkpoint_dir,
             "--heartbeat_timeout=" + std::to_string(kHeartbeatTimeout)};
   }
 
@@ -231,21 +232,9 @@ TEST_F(ServerRestartTest, TheLauncherRestartsADeadServer) {
   SKIP_WITHOUT_FASHION_MNIST();
   const std::string run_dir = dir_.Join("launched");
   const std::string ckpt = dir_.Join("launched-checkpoints");
-  std::vector<std::string> args = {"--servers",
-                                   "2",
-                                   "--workers",
-                                   "2",
-                                   "--",
-                                   "--epochs=2",
-                                   "--mlp_layers=784,32,10",
-                                   "--staleness=2",
-                                   "--replicas=1",
-                                   "--chunk_examples=2048",
-                                   "--base_lr=0.1",
-                                   "--report_every_seconds=0.2",
-                                   "--checkpoint_every=" + std::to_string(kCheckpointEvery),
-                                   "--checkpoint_dir=" + ckpt,
-                                   "--heartbeat_timeout=" + std::to_string(kHeartbeatTimeout)};
+  // The launcher's --servers/--workers set the job's counts; the rest are JobFlags'.
+  std::vector<std::string> args = {"--servers", "2", "--workers", "2", "--"};
+  for (std::string& f : JobFlags(ckpt)) args.push_back(std::move(f));
   // Kills server 0 once a checkpoint set is recorded (from a thread: the script runs the
   // job in the foreground).
   const itest::Deadline deadline = itest::DeadlineIn(kJobTimeout);
