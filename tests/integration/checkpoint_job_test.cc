@@ -388,13 +388,9 @@ TEST_F(CheckpointJobTest, KilledJobRestartsAtTheLatestRecordedSet) {
   ASSERT_NO_FATAL_FAILURE(MakeSparseData(deadline));
   const std::string ckpt = dir_.Join("checkpoints");
   std::vector<std::string> job = SparseLrJob(ckpt);
-  auto start = [&](const std::vector<std::string>& flags, const std::string& slowdown,
-                   std::vector<ChildProcess>* procs) {
-    StartSparseJob(flags, slowdown, deadline, procs);
-  };
   {
     std::vector<ChildProcess> procs;
-    start(job, "2000", &procs);
+    StartSparseJob(job, "2000", deadline, &procs);
     if (HasFatalFailure()) return;
     ASSERT_TRUE(WaitForRecordedClock(ckpt, 40, deadline).ok());
     for (ChildProcess& p : procs) p.Kill();
@@ -431,13 +427,9 @@ TEST_F(CheckpointJobTest, SigtermStopsTheJobAtARecordedCheckpointSet) {
   std::vector<std::string> job = SparseLrJob(ckpt, /*checkpoint_every=*/0);
   // The worker gives up on a coordinator silent for 3 x this (then drains and leaves).
   job.push_back("--heartbeat_timeout=2");
-  auto start = [&](const std::vector<std::string>& flags, const std::string& slowdown,
-                   std::vector<ChildProcess>* procs) {
-    StartSparseJob(flags, slowdown, deadline, procs);
-  };
   {
     std::vector<ChildProcess> procs;
-    start(job, "2000", &procs);
+    StartSparseJob(job, "2000", deadline, &procs);
     if (HasFatalFailure()) return;
     ASSERT_NO_FATAL_FAILURE(WaitForTraining(deadline));
     ASSERT_EQ(RecordedClock(ckpt), 0) << "no set before the signal";
