@@ -243,7 +243,8 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
         ServerCore::After ignored = ServerCore::After::kContinue;
         promoted->Handle(in->peer, in->frames, &replies, &ignored);
         send(replies);
-        if (promoted->stats().pulls_served > 0 && first_pull_after_promotion.count(target) == 0) {
+        // stats() sums over tables: asked only until the first pull was served.
+        if (first_pull_after_promotion.count(target) == 0 && promoted->stats().pulls_served > 0) {
           const double t = UnixSeconds();
           first_pull_after_promotion[target] = t;
           next_report = ServerCore::Clock::now();  // tell the coordinator now
