@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <map>
 #include <optional>
 
@@ -28,6 +29,16 @@ struct Transport::ShmShared {
   std::mutex mu;
   std::vector<std::shared_ptr<ShmRing>> closed;  // guarded by mu
 };
+
+// Declared in transport.h.
+int PollSockets(zmq::pollitem_t* items, size_t count, std::chrono::milliseconds timeout) {
+  try {
+    return zmq::poll(items, count, timeout);
+  } catch (const zmq::error_t& e) {
+    if (e.num() == EINTR) return 0;  // a signal: the caller looks at its stop flag
+    throw;
+  }
+}
 
 namespace {
 
@@ -197,7 +208,7 @@ Status SendFrames(zmq::socket_t& s, Frames& frames, const std::string& what) {
 
 bool WaitReadable(zmq::socket_t& s, std::chrono::milliseconds timeout) {
   zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
-  return zmq::poll(&item, 1, timeout) > 0;
+  return PollSockets(&item, 1, timeout) > 0;
 }
 
 class ZmqServerSocket final : public ServerSocket {

@@ -169,6 +169,11 @@ class Transport {
   std::unique_ptr<ZapHandler> zap_;  // guarded by zap_mu_; started by the first listener
 };
 
+// zmq::poll over `items`, except that a signal interrupting the wait (EINTR) counts as
+// nothing ready instead of an error, so that loops look at their stop flags (SIGTERM) and
+// end as asked. Returns how many items are ready; other errors throw zmq::error_t.
+int PollSockets(zmq::pollitem_t* items, size_t count, std::chrono::milliseconds timeout);
+
 // Checks that `endpoint` is a ZeroMQ address this project uses (tcp://, ipc://, inproc://).
 Status ValidateEndpoint(const std::string& endpoint);
 

@@ -236,8 +236,7 @@ class CoordinatorJob {
       }
       Result<Incoming> in = socket_->Recv(options_.poll_interval);
       if (!in.ok()) {
-        // A signal interrupts the wait (EINTR): the loop's top looks at `stop`.
-        if (in.status().code() == StatusCode::kDeadlineExceeded || stop.load()) continue;
+        if (in.status().code() == StatusCode::kDeadlineExceeded) continue;
         return in.status();
       }
       std::optional<DecodedHeader> h = Decode(*in);
@@ -1392,8 +1391,7 @@ class CoordinatorJob {
       }
       Result<Incoming> in = socket_->Recv(options_.poll_interval);
       if (!in.ok()) {
-        // A signal interrupts the wait (EINTR): the loop's top looks at `stop`.
-        if (in.status().code() == StatusCode::kDeadlineExceeded || stop.load()) continue;
+        if (in.status().code() == StatusCode::kDeadlineExceeded) continue;
         return in.status();
       }
       std::optional<DecodedHeader> h = Decode(*in);

@@ -179,7 +179,7 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
       zmq::pollitem_t items[] = {{socket.PollHandle().handle(), 0, ZMQ_POLLIN, 0},
                                  {backup_link->PollHandle().handle(), 0, ZMQ_POLLIN, 0}};
       const auto wait = held.empty() ? poll_interval : std::chrono::milliseconds(10);
-      zmq::poll(items, 2, wait);
+      PollSockets(items, 2, wait);
       if (items[0].revents & ZMQ_POLLIN) in = socket.Recv(std::chrono::milliseconds(0));
     } else {
       in = socket.Recv(poll_interval);
@@ -292,7 +292,7 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
         // Send the last replies once the backup has them, or it is gone.
         while (!held.empty()) {
           zmq::pollitem_t item = {backup_link->PollHandle().handle(), 0, ZMQ_POLLIN, 0};
-          if (!backup_link->down()) zmq::poll(&item, 1, std::chrono::milliseconds(10));
+          if (!backup_link->down()) PollSockets(&item, 1, std::chrono::milliseconds(10));
           release_acknowledged();
         }
       }

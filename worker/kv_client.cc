@@ -528,7 +528,7 @@ void KVClient::IoLoop() {
   auto next_expiry_check = SteadyClock::now() + expiry_period;
   while (true) {
     try {
-      zmq::poll(items.data(), items.size(), expiry_period);
+      PollSockets(items.data(), items.size(), expiry_period);
     } catch (const zmq::error_t& e) {
       if (e.num() == ETERM) break;
       LOG(ERROR) << "client poll: " << e.what();
