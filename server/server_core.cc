@@ -30,8 +30,11 @@ Result<std::unique_ptr<ServerCore>> ServerCore::Create(const JobConfig& config, 
   }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt, MakeOptimizer(config));
   PS_ASSIGN_OR_RETURN(LrPolicy lr, LrPolicy::Create(config));
+  PS_ASSIGN_OR_RETURN(int threads, ResolveServerThreads(store.server_threads));
   std::unique_ptr<ServerCore> core(new ServerCore(config, server_id, std::move(opt), lr));
   PS_RETURN_IF_ERROR(core->CreateTables(store));
+  if (threads > 1) core->pool_ = std::make_unique<ApplyPool>(threads);
+  core->parallel_min_bytes_ = store.parallel_min_bytes;
   if (!config.restore.empty()) {
     std::string set = config.restore;
     if (set == "latest") {
@@ -97,6 +100,57 @@ Status ServerCore::ForEachRow(const Addressed& a, bool for_write, Fn fn) {
     const size_t n = std::min(step, a.rows - first);
     PS_RETURN_IF_ERROR(a.table->Fetch(a.keys.subspan(first, n), for_write, &fetched_));
     for (size_t i = 0; i < n; ++i) fn(first + i, fetched_[i]);
+  }
+  return Status::Ok();
+}
+
+template <typename Fn>
+Status ServerCore::ParallelForEachRow(const Addressed& a, bool for_write, Fn fn) {
+  const size_t parts = pool_ ? pool_->threads() : 1;
+  const uint64_t width_bytes = a.table->width() * sizeof(float);
+  const auto small = [&](size_t rows) { return rows * width_bytes < parallel_min_bytes_; };
+  if (parts == 1 || small(a.rows)) return ForEachRow(a, for_write, fn);
+  if (a.table->sparse_store() == nullptr) {
+    // Fixed blocks of this server's slice: held row r belongs to part r * parts / R.
+    const RowRange held = shard_map_.DenseRangeOf(a.table->spec().id, server_id_);
+    const uint64_t R = held.size();
+    if (a.is_range) {
+      pool_->Run([&](size_t part) {
+        // Held rows r with floor(r * parts / R) == part: [ceil(part R / parts), ...).
+        const uint64_t lo = held.begin + (part * R + parts - 1) / parts;
+        const uint64_t hi = held.begin + ((part + 1) * R + parts - 1) / parts;
+        for (uint64_t row = std::max(lo, a.range.begin); row < std::min(hi, a.range.end); ++row) {
+          fn(static_cast<size_t>(row - a.range.begin), a.table->DenseRow(row));
+        }
+      });
+    } else {
+      pool_->Run([&](size_t part) {
+        for (size_t i = 0; i < a.rows; ++i) {
+          const uint64_t r = a.keys[i] - held.begin;
+          if (static_cast<size_t>((static_cast<unsigned __int128>(r) * parts) / R) != part)
+            continue;
+          fn(i, a.table->DenseRow(a.keys[i]));
+        }
+      });
+    }
+    return Status::Ok();
+  }
+  // The store is not thread-safe: batches are fetched here, their rows worked on by the
+  // pool, and the next Fetch (which may evict them) waits for that.
+  const size_t step = std::min(a.table->max_fetch(), a.rows);
+  for (size_t first = 0; first < a.rows; first += step) {
+    const size_t n = std::min(step, a.rows - first);
+    const std::span<const uint64_t> keys = a.keys.subspan(first, n);
+    PS_RETURN_IF_ERROR(a.table->Fetch(keys, for_write, &fetched_));
+    if (small(n)) {
+      for (size_t i = 0; i < n; ++i) fn(first + i, fetched_[i]);
+      continue;
+    }
+    pool_->Run([&](size_t part) {
+      for (size_t i = 0; i < n; ++i) {
+        if (SparseKeyPart(keys[i], parts) == part) fn(first + i, fetched_[i]);
+      }
+    });
   }
   return Status::Ok();
 }
@@ -530,7 +584,8 @@ Result<Frames> ServerCore::HandlePush(wire::Header::Reader h, const Frames& requ
   const float lr = static_cast<float>(lr_policy_.Rate(iteration, static_cast<int64_t>(staleness)));
   const size_t state_floats = a.table->stride() - width;
   // An error here is the spill tier's (disk); rows before it are applied.
-  PS_RETURN_IF_ERROR(ForEachRow(a, /*for_write=*/true, [&](size_t i, float* row) {
+  // Apply is const and keeps no scratch: safe on several threads for different rows.
+  PS_RETURN_IF_ERROR(ParallelForEachRow(a, /*for_write=*/true, [&](size_t i, float* row) {
     optimizer_->Apply(std::span<float>(row, width), std::span<float>(row + width, state_floats),
                       grads.subspan(i * width, width), lr);
   }));
@@ -556,7 +611,7 @@ Result<Frames> ServerCore::ServePull(const std::string& peer, wire::Header::Read
   const size_t bytes = a.rows * width * sizeof(float);
   zmq::message_t values = frame_allocator_ ? frame_allocator_(peer, bytes) : zmq::message_t(bytes);
   float* dst = static_cast<float*>(values.data());
-  PS_RETURN_IF_ERROR(ForEachRow(a, /*for_write=*/false, [&](size_t i, float* row) {
+  PS_RETURN_IF_ERROR(ParallelForEachRow(a, /*for_write=*/false, [&](size_t i, float* row) {
     std::memcpy(dst + i * width, row, width * sizeof(float));
   }));
   const int64_t min_clock = MinLiveClock();

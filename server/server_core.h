@@ -27,7 +27,19 @@
 // already applied (a client's retry, server/recent_requests.h) is answered again with the
 // first reply and not applied twice.
 //
-// Thread model: not thread-safe; the server's request loop owns it.
+// Thread model: not thread-safe; the server's request loop owns it. With
+// StoreOptions::server_threads > 1 it owns a pool of apply threads (server/apply_pool.h)
+// that only ever run inside one Handle call: the request thread still does everything else
+// (parsing, every check, clocks, versions, stats, held pulls, replication, checkpoints) and
+// hands out just the per-row work of a push that passed its checks (Optimizer::Apply) and
+// of a pull (the copy into the reply), then waits for all of it before it goes on
+// (fork-join), so replies, versions and the all-or-nothing checks read as with one thread.
+// Each row belongs to one thread, so no lock guards rows: a dense row r (counted from the
+// start of this server's slice of R rows) to block r * N / R, a sparse key to
+// SparseKeyPart(key, N); repeated keys in one push thus stay in order on one thread.
+// Sparse rows are fetched from their RowStore (not thread-safe, with its LRU cache and
+// spill tier) on the request thread, a batch at a time; only the apply/copy of the fetched
+// rows runs on the pool, and the next Fetch waits until it is done.
 #pragma once
 
 #include <chrono>
@@ -44,6 +56,7 @@
 #include "common/transport.h"
 #include "common/wire.h"
 #include "common/wire_dtype.h"
+#include "server/apply_pool.h"
 #include "server/lr_policy.h"
 #include "server/optimizer.h"
 #include "server/recent_requests.h"
@@ -106,6 +119,14 @@ struct StoreOptions {
   std::string spill_dir;
   // What holds the spilled rows (server/row_store.h).
   SpillEngine spill_engine = SpillEngine::kRocksDB;
+  // Threads that apply pushes and gather pulls, the request thread included
+  // (--server_threads; see the thread model above). 1, the default: everything on the
+  // request thread, as before threads existed. 0: one per core this process may use
+  // (sched_getaffinity), at most kMaxAutoServerThreads (server/apply_pool.h).
+  int server_threads = 1;
+  // A request (or a batch of fetched sparse rows) with fewer bytes of row values than this
+  // is done inline on the request thread: waking the pool costs more than it saves.
+  uint64_t parallel_min_bytes = uint64_t{64} << 10;
 };
 
 // The process's peak resident set (VmHWM of /proc/self/status) in bytes; 0 where unknown.
@@ -231,6 +252,12 @@ class ServerCore {
   // in batches it can hold at once.
   template <typename Fn>
   Status ForEachRow(const Addressed& a, bool for_write, Fn fn);
+  // ForEachRow with the rows split among the apply threads (each row on its own thread, see
+  // the thread model above), not in order across threads; returns once every call returned.
+  // Falls back to ForEachRow with one thread or below parallel_min_bytes. REQUIRES: fn may
+  // run concurrently for different rows, and is called once per (i, row).
+  template <typename Fn>
+  Status ParallelForEachRow(const Addressed& a, bool for_write, Fn fn);
   Result<Addressed> Address(uint32_t table_id, wire::Keys::Reader keys, const Frames& request);
   Result<Frames> HandlePush(wire::Header::Reader h, const Frames& request);
   // Answers a pull now, or holds it (returns an empty Frames) while the bound blocks it.
@@ -263,7 +290,9 @@ class ServerCore {
   RecentRequests recent_pushes_;
   std::deque<HeldPull> held_;  // in arrival order
   ServerStats stats_;
-  std::vector<float*> fetched_;  // scratch of ForEachRow
+  std::vector<float*> fetched_;      // scratch of ForEachRow
+  std::unique_ptr<ApplyPool> pool_;  // null: one thread
+  uint64_t parallel_min_bytes_ = 0;
   int64_t last_checkpoint_clock_ = 0;
   int64_t checkpoint_requested_ = -1;  // RequestCheckpointAt's clock, -1: none
   uint64_t pushes_at_checkpoint_ = 0;  // stats_.pushes_applied at the latest checkpoint
