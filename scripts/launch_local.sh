@@ -3,7 +3,8 @@
 #
 #   scripts/launch_local.sh [FLAGFILE] [--servers N] [--workers N] [--run_dir DIR]
 #                           [--device DEV] [--slow_worker I:F] [--metrics_port P]
-#                           [--worker_flags "FLAGS"] [--transport tcp|ipc] [--no_build]
+#                           [--worker_flags "FLAGS"] [--server_flags "FLAGS"]
+#                           [--transport tcp|ipc] [--no_build]
 #                           [--keys DIR | --insecure] [--restart_servers | --no_restart_servers]
 #                           [-- extra job flags]
 #   scripts/launch_local.sh --join RUN_DIR [--device DEV] [-- extra ps_worker flags]
@@ -14,6 +15,8 @@
 # --metrics_port P serves Prometheus metrics on 127.0.0.1: the coordinator on port P,
 # server i on P+1+i, worker i on P+1+SERVERS+i (default 0: off).
 # --worker_flags passes ps_worker flags to every worker (e.g. "--prefetch=false").
+# --server_flags passes ps_server flags to every server, restarted ones too (e.g.
+# "--server_threads=4": none by default, so each server applies on one thread).
 # --transport: how workers reach the servers on this machine: ipc (Unix sockets, about
 # twice loopback TCP's goodput, the default) or tcp (127.0.0.1, as remote peers would).
 # Traffic is authenticated and encrypted (CurveZMQ): keys are made in RUN_DIR/keys unless
@@ -46,6 +49,7 @@ device="cpu"
 slow_worker=""
 metrics_port=0
 worker_flags=""
+server_flags=""
 transport=ipc
 build=1
 join_dir=""
@@ -63,6 +67,7 @@ while [ $# -gt 0 ]; do
     --slow_worker) slow_worker="$2"; shift 2 ;;
     --metrics_port) metrics_port="$2"; shift 2 ;;
     --worker_flags) worker_flags="$2"; shift 2 ;;
+    --server_flags) server_flags="$2"; shift 2 ;;
     --transport) transport="$2"; shift 2 ;;
     --no_build) build=0; shift ;;
     --join) join_dir="$2"; shift 2 ;;
@@ -210,7 +215,7 @@ start_server() {
   local i="$1" n="$2" listen='tcp://127.0.0.1:*'
   # Unix socket paths are limited to 107 bytes: /tmp, not the run directory.
   [ "$transport" = ipc ] && listen="ipc:///tmp/ps-$$-server-$i$([ "$n" = 0 ] || echo "-r$n").sock"
-  "$bin/ps_server" --coordinator="$endpoint" --listen="$listen" --id="$i" "${security[@]}" \
+  "$bin/ps_server" --coordinator="$endpoint" --listen="$listen" --id="$i" "${security[@]}" $server_flags \
     --metrics_port="$(metrics_port_of $((1 + i)))" \
     >>"$run_dir/logs/server-$i.log" 2>&1 &
   pids+=($!); names+=("server-$i")

@@ -15,20 +15,34 @@
 //
 //   build/bin/ps_apply_bench [--sizes_mb=1,16,64] [--width=256] [--iters=10]
 //                            [--optimizers=sgd,momentum,nesterov,adagrad,adam,adamw]
-//                            [--json=FILE]
+//                            [--server_threads=N] [--json=FILE]
+//
+// With --server_threads=N (N > 1; 0: one per core, as ps_server takes it) a second table
+// follows: the same table held by a ServerCore (server/server_core.h), a push of the whole
+// table and a pull of it through HandleOne, with 1 and with N apply threads
+// (server/apply_pool.h), in the same run:
+//   push1/pushN_GB/s  bytes of rows (values + state) updated per second, checks included
+//                     (the NaN scan stays on the request thread);
+//   pull1/pullN_GB/s  bytes of values gathered into the reply per second (the reply frame
+//                     is allocated per pull, as the server does);
+//   memcpy_GB/s       as above; xN the speedups pushN/push1 and pullN/pull1.
 #include <gflags/gflags.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "common/job_config.h"
+#include "common/wire.h"
 #include "server/optimizer.h"
+#include "server/server_core.h"
 
 DEFINE_string(sizes_mb, "1,16,64", "MB of row values per table");
 DEFINE_uint32(width, 256, "floats per row");
@@ -37,6 +51,9 @@ DEFINE_string(optimizers, "sgd,momentum,nesterov,adagrad,adam,adamw", "optimizer
 DEFINE_double(weight_decay, 0.0, "--weight_decay of the job (0: the default)");
 DEFINE_double(clip_grad_norm, 0.0, "--clip_grad_norm of the job (0: off, the default)");
 DEFINE_string(json, "", "also write the results as a JSON array to this file");
+DEFINE_int32(server_threads, 1,
+             "also time pushes and pulls through a ServerCore with 1 and this many apply "
+             "threads (1: skip; 0: one per core)");
 
 namespace {
 
@@ -66,6 +83,48 @@ std::vector<std::string> Split(const std::string& s) {
     if (!item.empty()) out.push_back(item);
   }
   return out;
+}
+
+ps::Frames RangeRequest(uint64_t rid, uint64_t rows, const std::vector<float>* grad) {
+  capnp::MallocMessageBuilder b;
+  auto body = ps::NewHeader(b, rid, 0).getBody();
+  auto keys = grad != nullptr ? body.initPush().getKeys() : body.initPull().getKeys();
+  keys.initRange().setBegin(0);
+  keys.getRange().setEnd(rows);
+  ps::Frames f;
+  f.push_back(ps::EncodeFrame(b));
+  if (grad != nullptr) f.push_back(ps::CopyFrame(grad->data(), grad->size() * sizeof(float)));
+  return f;
+}
+
+// Seconds per push and per pull of all `rows` rows through a ServerCore with `threads`
+// apply threads (the request frames are built outside the timing).
+std::pair<double, double> CoreSeconds(const ps::JobConfig& config, int threads, uint64_t rows,
+                                      const std::vector<float>& grad) {
+  ps::StoreOptions store;
+  store.server_threads = threads;
+  auto core = ps::ServerCore::Create(config, 0, store).value();
+  uint64_t rid = 0;
+  auto time_one = [&](bool push) {
+    ps::Frames f = RangeRequest(++rid, rows, push ? &grad : nullptr);
+    auto t0 = Clock::now();
+    ps::Frames reply = core->HandleOne(f);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (reply.size() != (push ? 1u : 2u)) {
+      std::fprintf(stderr, "ps_apply_bench: request %llu failed\n",
+                   static_cast<unsigned long long>(rid));
+      std::exit(1);
+    }
+    return s;
+  };
+  std::vector<double> push_s, pull_s;
+  time_one(true);  // warm-up
+  time_one(false);
+  for (int i = 0; i < FLAGS_iters; ++i) {
+    push_s.push_back(time_one(true));
+    pull_s.push_back(time_one(false));
+  }
+  return {Median(push_s), Median(pull_s)};
 }
 
 }  // namespace
@@ -138,6 +197,60 @@ int main(int argc, char** argv) {
                          {"memcpy_gb_per_s", memcpy_gbs},
                          {"ratio", rows_gbs / memcpy_gbs},
                          {"bound", bound}});
+    }
+  }
+  ps::Result<int> threads = ps::ResolveServerThreads(FLAGS_server_threads);
+  if (!threads.ok()) {
+    std::fprintf(stderr, "ps_apply_bench: %s\n", threads.status().ToString().c_str());
+    return 2;
+  }
+  if (*threads > 1) {
+    const int n = *threads;
+    std::printf("\nthrough ServerCore, 1 vs %d apply threads\n", n);
+    std::printf("%-9s %8s %6s %11s %11s %6s %11s %11s %6s %12s\n", "optimizer", "size_MB", "width",
+                "push1_GB/s", "pushN_GB/s", "xN", "pull1_GB/s", "pullN_GB/s", "xN", "memcpy_GB/s");
+    for (const std::string& name : Split(FLAGS_optimizers)) {
+      for (int mb : *sizes) {
+        const size_t width = FLAGS_width;
+        const uint64_t rows = std::max<uint64_t>(1, (static_cast<uint64_t>(mb) << 20) / 4 / width);
+        auto config = ps::JobConfig::FromFlagMap(
+            {{"model", "none"},
+             {"tables", "w:" + std::to_string(rows) + ":" + std::to_string(width) + ":zeros"},
+             {"num_servers", "1"},
+             {"num_workers", "1"},
+             {"optimizer", name},
+             {"base_lr", "0.01"},
+             {"weight_decay", std::to_string(FLAGS_weight_decay)},
+             {"clip_grad_norm", std::to_string(FLAGS_clip_grad_norm)}});
+        if (!config.ok()) {
+          std::fprintf(stderr, "ps_apply_bench: %s\n", config.status().ToString().c_str());
+          return 2;
+        }
+        const size_t stride = width + ps::MakeOptimizer(*config).value()->StateFloats(width);
+        const double row_bytes = static_cast<double>(rows * stride * sizeof(float));
+        const double value_bytes = static_cast<double>(rows * width * sizeof(float));
+        std::vector<float> grad(rows * width, 0.001f);
+        std::vector<float> table(rows * stride, 0.5f), copy(table.size());
+        const double memcpy_s = TimeMedian(FLAGS_iters, [&] {
+          std::memcpy(copy.data(), table.data(), table.size() * sizeof(float));
+        });
+        const auto [push1, pull1] = CoreSeconds(*config, 1, rows, grad);
+        const auto [pushn, pulln] = CoreSeconds(*config, n, rows, grad);
+        const double memcpy_gbs = row_bytes / memcpy_s / 1e9;
+        std::printf("%-9s %8d %6zu %11.2f %11.2f %6.2f %11.2f %11.2f %6.2f %12.2f\n", name.c_str(),
+                    mb, width, row_bytes / push1 / 1e9, row_bytes / pushn / 1e9, push1 / pushn,
+                    value_bytes / pull1 / 1e9, value_bytes / pulln / 1e9, pull1 / pulln,
+                    memcpy_gbs);
+        results.push_back({{"optimizer", name},
+                           {"size_mb", mb},
+                           {"width", width},
+                           {"server_threads", n},
+                           {"push1_gb_per_s", row_bytes / push1 / 1e9},
+                           {"pushn_gb_per_s", row_bytes / pushn / 1e9},
+                           {"pull1_gb_per_s", value_bytes / pull1 / 1e9},
+                           {"pulln_gb_per_s", value_bytes / pulln / 1e9},
+                           {"memcpy_gb_per_s", memcpy_gbs}});
+      }
     }
   }
   if (!FLAGS_json.empty()) std::ofstream(FLAGS_json) << results.dump(2) << "\n";

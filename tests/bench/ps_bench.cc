@@ -5,6 +5,8 @@
 //   ps_bench [--transport=tcp|ipc] [--shm=auto|off] [--seconds=0.5] [--sizes_mb=1,4,16,64]
 //            [--json=FILE]
 //   ps_bench --curve=compare [--io_threads=N]   dense push/pull with CURVE vs plain, same run
+//   ps_bench --server_threads=N   every in-process server applies and gathers rows with N
+//                                 threads (server/apply_pool.h); default 1
 //
 // Dense rows: a table of 1024-float rows sized to the message; one Push/Pull covers it
 // all and is split across the servers. Raw ZeroMQ: a DEALER sends the same bytes to a
@@ -56,6 +58,8 @@ DEFINE_string(curve, "off",
               "off: plain ZeroMQ; on: every socket speaks CURVE; compare: dense push/pull "
               "both ways in the same run, with the ratio");
 DEFINE_int32(io_threads, 1, "ZeroMQ I/O threads (CURVE encrypts on them)");
+DEFINE_int32(server_threads, 1,
+             "each in-process server's apply threads (ps_server --server_threads; 0: per core)");
 
 namespace ps {
 namespace {
@@ -102,6 +106,12 @@ double MemcpyGbps(size_t bytes) {
   return rate * bytes / 1e9;
 }
 
+StoreOptions BenchStore() {
+  StoreOptions store;
+  store.server_threads = FLAGS_server_threads;
+  return store;
+}
+
 // A server applying dense pushes of `bytes` in process: GB/s of gradient applied.
 double ApplyGbps(size_t bytes) {
   const uint64_t rows = bytes / (kRowFloats * sizeof(float));
@@ -111,7 +121,7 @@ double ApplyGbps(size_t bytes) {
       {"num_servers", "1"},
       {"num_workers", "1"}};
   JobConfig config = JobConfig::FromFlagMap(flags).value();
-  auto core = ServerCore::Create(config, 0).value();
+  auto core = ServerCore::Create(config, 0, BenchStore()).value();
   std::vector<float> grads(rows * kRowFloats, 1e-6f);
   double applying = 0;
   uint64_t n = 0;
@@ -179,7 +189,7 @@ struct Cluster {
     config = JobConfig::FromFlagMap(flags).value();
     std::vector<std::string> endpoints;
     for (int s = 0; s < servers; ++s) {
-      cores.push_back(ServerCore::Create(config, s).value());
+      cores.push_back(ServerCore::Create(config, s, BenchStore()).value());
       sockets.push_back(t.Listen(Endpoint("s" + std::to_string(s))).value());
       endpoints.push_back(sockets.back()->BoundEndpoint());
     }
