@@ -51,6 +51,8 @@ class FaultyServerSocket final : public ServerSocket {
     return inner_->NewFrame(peer, bytes);
   }
   zmq::socket_ref PollHandle() override { return inner_->PollHandle(); }
+  bool HasQueued() const override { return inner_->HasQueued(); }
+  Status Flush() override { return inner_->Flush(); }
 
   const FaultStats& stats() const { return stats_; }
 

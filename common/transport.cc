@@ -1,8 +1,12 @@
 #include "common/transport.h"
 
+#include <glog/logging.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
+#include <deque>
 #include <map>
 #include <optional>
 
@@ -221,6 +225,12 @@ class ZmqServerSocket final : public ServerSocket {
   std::string BoundEndpoint() const override { return bound_; }
 
   Result<Incoming> Recv(std::chrono::milliseconds timeout) override {
+    if (!queued_.empty()) {
+      Incoming in = std::move(queued_.front());
+      queued_.pop_front();
+      return in;
+    }
+    if (Status s = Flush(); !s.ok()) LOG(WARNING) << s.ToString();
     try {
       if (!WaitReadable(s_, timeout)) return DeadlineExceeded("no message within timeout");
       zmq::message_t id;
@@ -242,6 +252,7 @@ class ZmqServerSocket final : public ServerSocket {
           in.bad_frame = s;
         }
       }
+      if (!in.frames.empty() && LooksLikeBatch(in.frames[0])) return Split(std::move(in));
       return in;
     } catch (const zmq::error_t& e) {
       return FromZmq(e, "recv on " + bound_);
@@ -249,6 +260,51 @@ class ZmqServerSocket final : public ServerSocket {
   }
 
   Status Send(const std::string& peer, Frames frames) override {
+    if (peer == batch_peer_ && (!queued_.empty() || !held_.empty())) {
+      // A reply to a batch: held until the batch's last message has been handled.
+      held_.push_back(std::move(frames));
+      return queued_.empty() ? Flush() : Status::Ok();
+    }
+    return SendNow(peer, std::move(frames));
+  }
+
+  bool HasQueued() const override { return !queued_.empty(); }
+
+  Status Flush() override {
+    if (!queued_.empty() || held_.empty()) return Status::Ok();
+    std::vector<Frames> replies;
+    replies.swap(held_);
+    if (replies.size() == 1) return SendNow(batch_peer_, std::move(replies[0]));
+    return SendNow(batch_peer_, PackBatch(std::move(replies)));
+  }
+
+  zmq::message_t NewFrame(const std::string& peer, size_t bytes) override {
+    if (shm_.sender) return shm_.sender->NewFrame(peer, bytes);
+    return zmq::message_t(bytes);
+  }
+
+  zmq::socket_ref PollHandle() override { return s_; }
+
+ private:
+  // Returns a batch's first message and queues the others.
+  Result<Incoming> Split(Incoming in) {
+    Result<std::vector<Frames>> messages = UnpackBatch(std::move(in.frames));
+    in.frames.clear();
+    if (!messages.ok()) {
+      in.bad_frame = messages.status();
+      return in;
+    }
+    // Replies still held for an earlier batch go first.
+    if (Status s = Flush(); !s.ok()) LOG(WARNING) << s.ToString();
+    batch_peer_ = in.peer;
+    for (size_t i = 1; i < messages->size(); ++i) {
+      queued_.push_back(Incoming{in.peer, std::move((*messages)[i]), false, Status::Ok()});
+    }
+    in.frames = std::move((*messages)[0]);
+    return in;
+  }
+
+  Status SendNow(const std::string& peer, Frames frames) {
     if (shm_.sender) shm_.sender->Substitute(peer, frames);
     try {
       (void)s_.send(zmq::buffer(peer), zmq::send_flags::sndmore);
@@ -260,18 +316,13 @@ class ZmqServerSocket final : public ServerSocket {
     return SendFrames(s_, frames, "send on " + bound_);
   }
 
-  zmq::message_t NewFrame(const std::string& peer, size_t bytes) override {
-    if (shm_.sender) return shm_.sender->NewFrame(peer, bytes);
-    return zmq::message_t(bytes);
-  }
-
-  zmq::socket_ref PollHandle() override { return s_; }
-
- private:
   zmq::socket_t s_;
   std::string bound_;
   size_t max_frames_;
   ShmParts shm_;
+  std::deque<Incoming> queued_;  // the rest of the batch being handled
+  std::string batch_peer_;       // who sent it
+  std::vector<Frames> held_;     // replies to batch_peer_ not sent yet
 };
 
 class ZmqClientSocket final : public ClientSocket {
@@ -287,6 +338,11 @@ class ZmqClientSocket final : public ClientSocket {
   }
 
   Result<Frames> Recv(std::chrono::milliseconds timeout) override {
+    if (!queued_.empty()) {
+      Frames f = std::move(queued_.front());
+      queued_.pop_front();
+      return f;
+    }
     try {
       if (!WaitReadable(s_, timeout)) {
         return DeadlineExceeded("no reply from " + endpoint_ + " within " +
@@ -301,6 +357,11 @@ class ZmqClientSocket final : public ClientSocket {
   }
 
   Result<std::optional<Frames>> TryRecv() override {
+    if (!queued_.empty()) {
+      Frames f = std::move(queued_.front());
+      queued_.pop_front();
+      return std::optional<Frames>(std::move(f));
+    }
     try {
       zmq::message_t first;
       if (!s_.recv(first, zmq::recv_flags::dontwait)) return std::optional<Frames>();
@@ -314,14 +375,19 @@ class ZmqClientSocket final : public ClientSocket {
   zmq::socket_ref PollHandle() override { return s_; }
 
  private:
+  // The message received, or a batch's first message (the others are queued).
   Result<Frames> Resolve(Frames frames) {
     if (shm_.receiver) PS_RETURN_IF_ERROR(shm_.receiver->Resolve(frames));
-    return frames;
+    if (frames.empty() || !LooksLikeBatch(frames[0])) return frames;
+    PS_ASSIGN_OR_RETURN(std::vector<Frames> messages, UnpackBatch(std::move(frames)));
+    for (size_t i = 1; i < messages.size(); ++i) queued_.push_back(std::move(messages[i]));
+    return std::move(messages[0]);
   }
 
   zmq::socket_t s_;
   std::string endpoint_;
   ShmParts shm_;
+  std::deque<Frames> queued_;  // the rest of a batched reply
 };
 
 ShmParts MakeShmParts(const std::string& endpoint, const TransportOptions& o,
@@ -344,6 +410,78 @@ Status ValidateEndpoint(const std::string& endpoint) {
   return InvalidArgument("endpoint '" + endpoint +
                          "' is not a ZeroMQ address: expected tcp://HOST:PORT, ipc:///PATH or "
                          "inproc://NAME");
+}
+
+namespace {
+// "ps-batch" twice, so that a batch header is told from a Cap'n Proto header frame (whose
+// first word is a segment count) and from a shared-memory descriptor.
+constexpr uint64_t kBatchMagic[2] = {0x6863746162'2d7370ULL, 0x6863746162'2d7370ULL};
+constexpr size_t kBatchHeaderFixed = sizeof(kBatchMagic) + sizeof(uint32_t);
+}  // namespace
+
+Frames PackBatch(std::vector<Frames> messages) {
+  CHECK_GE(messages.size(), 2u) << "a batch has at least two messages";
+  zmq::message_t header(kBatchHeaderFixed + messages.size() * sizeof(uint32_t));
+  char* p = static_cast<char*>(header.data());
+  std::memcpy(p, kBatchMagic, sizeof(kBatchMagic));
+  const uint32_t count = static_cast<uint32_t>(messages.size());
+  std::memcpy(p + sizeof(kBatchMagic), &count, sizeof(count));
+  for (size_t i = 0; i < messages.size(); ++i) {
+    CHECK(!messages[i].empty()) << "a batched message has no frames";
+    const uint32_t n = static_cast<uint32_t>(messages[i].size());
+    std::memcpy(p + kBatchHeaderFixed + i * sizeof(uint32_t), &n, sizeof(n));
+  }
+  // Filled before it moves: a small zmq message keeps its bytes inside the object.
+  Frames out;
+  out.push_back(std::move(header));
+  for (Frames& m : messages) {
+    for (zmq::message_t& f : m) out.push_back(std::move(f));
+  }
+  return out;
+}
+
+bool LooksLikeBatch(const zmq::message_t& first) {
+  return first.size() >= kBatchHeaderFixed &&
+         std::memcmp(first.data(), kBatchMagic, sizeof(kBatchMagic)) == 0;
+}
+
+Result<std::vector<Frames>> UnpackBatch(Frames frames) {
+  if (frames.empty() || !LooksLikeBatch(frames[0])) {
+    return InvalidArgument("not a batch: the first frame is not a batch header");
+  }
+  const char* p = static_cast<const char*>(frames[0].data());
+  uint32_t count = 0;
+  std::memcpy(&count, p + sizeof(kBatchMagic), sizeof(count));
+  if (count < 2 || frames[0].size() != kBatchHeaderFixed + uint64_t{count} * sizeof(uint32_t)) {
+    return InvalidArgument("batch header of " + std::to_string(frames[0].size()) + " bytes names " +
+                           std::to_string(count) +
+                           " messages; expected at least 2 and 20 + 4 bytes per message");
+  }
+  std::vector<uint32_t> sizes(count);
+  std::memcpy(sizes.data(), p + kBatchHeaderFixed, count * sizeof(uint32_t));
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    if (sizes[i] == 0) {
+      return InvalidArgument("batch message " + std::to_string(i) + " has 0 frames, expected >= 1");
+    }
+    total += sizes[i];
+  }
+  if (total != frames.size() - 1) {
+    return InvalidArgument("batch header counts " + std::to_string(total) + " frames, but " +
+                           std::to_string(frames.size() - 1) + " follow it");
+  }
+  std::vector<Frames> messages(count);
+  size_t next = 1;
+  for (uint32_t i = 0; i < count; ++i) {
+    for (uint32_t j = 0; j < sizes[i]; ++j) messages[i].push_back(std::move(frames[next++]));
+  }
+  return messages;
+}
+
+Status ClientSocket::SendBatch(std::vector<Frames> messages) {
+  CHECK(!messages.empty()) << "SendBatch of no messages";
+  if (messages.size() == 1) return Send(std::move(messages[0]));
+  return Send(PackBatch(std::move(messages)));
 }
 
 zmq::message_t CopyFrame(const void* data, size_t bytes) { return zmq::message_t(data, bytes); }

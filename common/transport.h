@@ -29,6 +29,14 @@
 // on ipc:// always accept descriptors; tcp:// and inproc:// sockets never send or accept
 // them. See common/shm_ring.h for the segment's layout, lifetime and checks.
 //
+// Batches: several messages to one peer may travel as one ZeroMQ message (PackBatch), so
+// that a worker's step costs one round trip per server rather than one per table. The
+// receiving socket splits a batch and hands its messages out one by one (Recv/TryRecv), in
+// order, exactly as if they had come separately; a ServerSocket then holds the replies to
+// that peer until the batch's last message has been handled (or Flush) and sends them
+// back as one batch. Only peers that sent a batch get batched replies. A malformed batch
+// header (counts not matching the frames) is refused as a bad frame.
+//
 // Thread model: a socket is used by one thread at a time (ZeroMQ sockets are not
 // thread-safe); a Transport (it owns the ZeroMQ context) may be shared by all threads.
 // All waits take a timeout; nothing blocks forever.
@@ -125,8 +133,14 @@ class ServerSocket {
     (void)peer;
     return zmq::message_t(bytes);
   }
-  // For polling several sockets together (see PollSockets).
+  // For polling several sockets together (see PollSockets). A socket may hold messages of
+  // a batch already received (HasQueued): poll only when it holds none.
   virtual zmq::socket_ref PollHandle() = 0;
+  // Messages of a received batch not yet returned by Recv (which returns them at once).
+  virtual bool HasQueued() const { return false; }
+  // Sends the replies held for a batch's peer once its batch has been handled (Recv does
+  // this too before it waits). Call once per loop turn; does nothing while the batch lasts.
+  virtual Status Flush() { return Status::Ok(); }
 };
 
 class ClientSocket {
@@ -134,6 +148,11 @@ class ClientSocket {
   virtual ~ClientSocket() = default;
   virtual const std::string& Endpoint() const = 0;
   virtual Status Send(Frames frames) = 0;
+  // Sends several messages as one batch (see Batches above); one message is sent as is.
+  // REQUIRES: `messages` is not empty and each message has at least one frame.
+  Status SendBatch(std::vector<Frames> messages);
+  // A batched reply is returned message by message: after PollHandle reports input, call
+  // TryRecv until it returns nothing.
   virtual Result<Frames> Recv(std::chrono::milliseconds timeout) = 0;
   // Non-blocking receive: an empty optional when nothing is waiting.
   virtual Result<std::optional<Frames>> TryRecv() = 0;
@@ -173,6 +192,18 @@ class Transport {
 // nothing ready instead of an error, so that loops look at their stop flags (SIGTERM) and
 // end as asked. Returns how many items are ready; other errors throw zmq::error_t.
 int PollSockets(zmq::pollitem_t* items, size_t count, std::chrono::milliseconds timeout);
+
+// The frames of a batch: a header frame (magic, then the frame count of each message),
+// then every message's frames in order. REQUIRES: at least two messages, none empty.
+Frames PackBatch(std::vector<Frames> messages);
+// True when `first` (a message's first frame) is a batch header.
+bool LooksLikeBatch(const zmq::message_t& first);
+// The messages of a batch made by PackBatch; InvalidArgument naming the bad count when the
+// header does not match the frames.
+Result<std::vector<Frames>> UnpackBatch(Frames frames);
+// The most frames KVClient puts in one batch (header included): below the listeners'
+// default max_frames.
+inline constexpr size_t kMaxBatchFrames = 48;
 
 // Checks that `endpoint` is a ZeroMQ address this project uses (tcp://, ipc://, inproc://).
 Status ValidateEndpoint(const std::string& endpoint);

@@ -174,7 +174,9 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
     }
     if (coordinator != nullptr) DrainReportReplies(*coordinator, core, &checkpoint_asked);
     Result<Incoming> in = DeadlineExceeded("");
-    if (backup_link != nullptr && !backup_link->down()) {
+    if (socket.HasQueued()) {
+      in = socket.Recv(std::chrono::milliseconds(0));  // the rest of a batch
+    } else if (backup_link != nullptr && !backup_link->down()) {
       // Wake for a request or for the backup's acknowledgements, whichever comes first.
       zmq::pollitem_t items[] = {{socket.PollHandle().handle(), 0, ZMQ_POLLIN, 0},
                                  {backup_link->PollHandle().handle(), 0, ZMQ_POLLIN, 0}};
@@ -298,6 +300,10 @@ Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::ato
       }
     }
     send(out);
+    // Replies to a batch leave together once its last request was handled.
+    if (Status s = socket.Flush(); !s.ok()) {
+      LOG(WARNING) << "server " << core.server_id() << ": " << s.ToString();
+    }
     if (backup_link != nullptr && backup_link->fenced()) {
       LOG(ERROR) << "server " << core.server_id()
                  << ": the backup was promoted (this server was declared dead); stopping";

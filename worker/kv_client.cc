@@ -328,10 +328,18 @@ Ticket KVClient::Enqueue(std::shared_ptr<Request> request, std::vector<std::shar
   }
   if (parts.empty()) {
     Complete(ticket, Status::Ok());
-  } else {
+  } else if (corks_.load() == 0) {
     Wake();
   }
   return ticket;
+}
+
+void KVClient::Cork() { corks_.fetch_add(1); }
+
+void KVClient::Uncork() {
+  const int before = corks_.fetch_sub(1);
+  CHECK_GT(before, 0) << "KVClient::Uncork without Cork";
+  if (before == 1) Wake();
 }
 
 Ticket KVClient::Clock(Callback done) {
@@ -518,6 +526,29 @@ void KVClient::OnReply(int server, Frames frames) {
   if (part) Complete(part->ticket, status.WithContext("server " + std::to_string(server)));
 }
 
+void KVClient::SendBatched(std::vector<Outgoing>& outbox) {
+  // Per server, in call order: each server's messages go as one batch (several when they
+  // pass kMaxBatchFrames), so a step's requests to a server cost one round trip.
+  std::vector<std::vector<Frames>> batch(sockets_.size());
+  std::vector<size_t> frames(sockets_.size(), 1);  // the batch header
+  auto send = [&](size_t server) {
+    if (batch[server].empty()) return;
+    Status s = sockets_[server]->SendBatch(std::move(batch[server]));
+    // A failed send leaves the parts to time out (or to their retry).
+    if (!s.ok()) LOG(WARNING) << "send to server " << server << ": " << s.ToString();
+    batch[server].clear();
+    frames[server] = 1;
+  };
+  for (Outgoing& o : outbox) {
+    const size_t server = static_cast<size_t>(o.server);
+    if (frames[server] + o.frames.size() > kMaxBatchFrames) send(server);
+    frames[server] += o.frames.size();
+    batch[server].push_back(std::move(o.frames));
+  }
+  for (size_t server = 0; server < batch.size(); ++server) send(server);
+  outbox.clear();
+}
+
 void KVClient::IoLoop() {
   std::vector<zmq::pollitem_t> items;
   for (auto& s : sockets_) items.push_back({s->PollHandle().handle(), 0, ZMQ_POLLIN, 0});
@@ -542,15 +573,11 @@ void KVClient::IoLoop() {
     if (stopping_.load()) break;
     ApplyRedirects(items);
     std::vector<Outgoing> outbox;
-    {
+    if (corks_.load() == 0) {
       std::lock_guard<std::mutex> lock(mu_);
       outbox.swap(outbox_);
     }
-    for (Outgoing& o : outbox) {
-      Status s = sockets_[static_cast<size_t>(o.server)]->Send(std::move(o.frames));
-      if (!s.ok()) LOG(WARNING) << "send to server " << o.server << ": " << s.ToString();
-      // A failed send leaves the part to time out.
-    }
+    SendBatched(outbox);
     for (size_t i = 0; i < sockets_.size(); ++i) {
       if (!(items[i].revents & ZMQ_POLLIN)) continue;
       while (true) {

@@ -156,6 +156,24 @@ class KVClient {
   Ticket Rejoin(Callback done = nullptr);
   int64_t clock() const { return clock_.load(); }
 
+  // Requests made between Cork() and Uncork() (calls may nest) are sent together when the
+  // last Uncork comes: those to one server travel as one message (a batch,
+  // common/transport.h) and are answered as one, so that a step's pulls (or pushes and its
+  // clock tick) over several tables cost one round trip per server, not one per table.
+  // Order and semantics are those of separate requests. Prefer the Corked guard.
+  void Cork();
+  void Uncork();
+  class Corked {
+   public:
+    explicit Corked(KVClient& c) : c_(c) { c_.Cork(); }
+    ~Corked() { c_.Uncork(); }
+    Corked(const Corked&) = delete;
+    Corked& operator=(const Corked&) = delete;
+
+   private:
+    KVClient& c_;
+  };
+
   // Blocks until the request completes; returns its outcome and forgets the ticket.
   Status Wait(Ticket ticket, RequestInfo* info = nullptr);
 
@@ -189,6 +207,8 @@ class KVClient {
   // Records one part's outcome; the last part completes the ticket. REQUIRES: mu_ not held.
   void Complete(Ticket ticket, const Status& status);
   void IoLoop();
+  // Sends `outbox` (emptied) with one batch per server (I/O thread).
+  void SendBatched(std::vector<Outgoing>& outbox);
   void OnReply(int server, Frames frames);
   void Wake();
 
@@ -209,6 +229,7 @@ class KVClient {
   std::atomic<uint64_t> next_request_id_;  // random start (see Retries above)
   std::atomic<int64_t> clock_{0};
   std::atomic<bool> in_clock_table_{true};  // false after Leave, until Clock or Rejoin
+  std::atomic<int> corks_{0};               // outstanding Cork() calls
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

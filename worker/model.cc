@@ -105,6 +105,7 @@ class MlpModel final : public TrainableModel {
   }
 
   void Push(KVClient& client, std::vector<Ticket>* tickets) override {
+    KVClient::Corked batch(client);  // one message per server, not one per table
     for (size_t i = 0; i < grads_.size(); ++i) {
       const TableSpec& t = config_.table_specs[i];
       std::span<const uint64_t> v;
@@ -129,6 +130,7 @@ class MlpModel final : public TrainableModel {
  private:
   std::vector<Ticket> IssuePull(KVClient& client, int buffer, int64_t clock) {
     std::vector<Ticket> tickets;
+    KVClient::Corked batch(client);  // one message per server, not one per table
     for (size_t i = 0; i < params_[buffer].size(); ++i) {
       const TableSpec& t = config_.table_specs[i];
       tickets.push_back(
@@ -173,8 +175,12 @@ class SparseLrModel final : public TrainableModel {
     batch_ = MakeSparseBatch(train_, examples);
     weights_.resize(batch_.keys.size());
     grads_.resize(batch_.keys.size());
-    std::vector<Ticket> tickets = {client.Pull(kWeights, batch_.keys, weights_),
-                                   client.PullRange(kBias, RowRange{0, 1}, bias_)};
+    std::vector<Ticket> tickets;
+    {
+      KVClient::Corked batch(client);  // one message per server
+      tickets = {client.Pull(kWeights, batch_.keys, weights_),
+                 client.PullRange(kBias, RowRange{0, 1}, bias_)};
+    }
     return WaitAll(client, tickets, info);
   }
 
@@ -193,6 +199,7 @@ class SparseLrModel final : public TrainableModel {
   }
 
   void Push(KVClient& client, std::vector<Ticket>* tickets) override {
+    KVClient::Corked batch(client);  // one message per server
     tickets->push_back(client.Push(kWeights, batch_.keys, grads_));
     tickets->push_back(client.PushRange(kBias, RowRange{0, 1}, bias_grad_));
   }
@@ -210,8 +217,12 @@ class SparseLrModel final : public TrainableModel {
       for (int64_t i = begin; i < std::min(test_.count, begin + kSlice); ++i) ids.push_back(i);
       SparseBatch batch = MakeSparseBatch(test_, ids);
       weights.resize(batch.keys.size());
-      std::vector<Ticket> tickets = {client.Pull(kWeights, batch.keys, weights),
-                                     client.PullRange(kBias, RowRange{0, 1}, bias)};
+      std::vector<Ticket> tickets;
+      {
+        KVClient::Corked cork(client);  // one message per server
+        tickets = {client.Pull(kWeights, batch.keys, weights),
+                   client.PullRange(kBias, RowRange{0, 1}, bias)};
+      }
       PS_RETURN_IF_ERROR(WaitAll(client, tickets, nullptr));
       PS_RETURN_IF_ERROR(SparseLrEvaluate(test_, batch, weights, bias[0], &r, &scores));
     }

@@ -257,6 +257,8 @@ Status TrainingLoop::DrainPrefetch() {
 Status TrainingLoop::PushAndTick() {
   PS_RETURN_IF_ERROR(WaitInFlight());
   auto start = SteadyClock::now();
+  // The pushes and the tick go to each server as one message.
+  KVClient::Corked batch(*client_);
   model_->Push(*client_, &in_flight_);
   in_flight_.push_back(client_->Clock());
   push_seconds_ += SecondsSince(start);

@@ -4,12 +4,14 @@
 #include "worker/kv_client.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
 #include <future>
 #include <limits>
 #include <thread>
+#include <zmq_addon.hpp>
 
 #include "server/server_node.h"
 #include "tests/server/test_messages.h"
@@ -101,6 +103,28 @@ TEST_F(KVClientTest, ManyRequestsInFlightFromSeveralThreads) {
   ASSERT_TRUE(client_->Wait(client_->PullRange(0, RowRange{0, 1001}, out)).ok());
   for (float x : out) ASSERT_EQ(x, -0.25f * kThreads * kPushes);
   EXPECT_EQ(client_->stats().pushes, static_cast<uint64_t>(kThreads * kPushes));
+}
+
+// Requests made under a cork go to each server as one batch and keep their order: the pull
+// sees the push before it, and the clock tick comes after both.
+TEST_F(KVClientTest, CorkedRequestsKeepTheirOrderAndComplete) {
+  const size_t rows = 1001, w = 5;
+  std::vector<float> grad(rows * w);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i % 13);
+  std::vector<float> out(rows * w, 7.0f);
+  std::vector<Ticket> tickets;
+  {
+    KVClient::Corked batch(*client_);
+    tickets.push_back(client_->PushRange(0, RowRange{0, rows}, grad));
+    tickets.push_back(client_->PullRange(0, RowRange{0, rows}, out));
+    tickets.push_back(client_->Clock());
+  }
+  for (Ticket t : tickets) ASSERT_TRUE(client_->Wait(t).ok());
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], -grad[i]) << i;
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_EQ(cluster_->core(s).stats().pushes_applied, 1u);
+    EXPECT_EQ(cluster_->core(s).worker_clock(0), 1);
+  }
 }
 
 TEST_F(KVClientTest, CallbackRunsOnceAndTheTicketIsForgotten) {
@@ -311,6 +335,46 @@ TEST(KVClientRetryTest, ARedirectResendsUnansweredPartsWithTheSameIds) {
   for (Outgoing& r : out) ASSERT_TRUE(backup->Send(r.peer, std::move(r.frames)).ok());
   EXPECT_TRUE(client->Wait(pull).ok());
   EXPECT_EQ(rows[0], -1.0f);
+}
+
+// What a server receives from a cork: one ZeroMQ message holding every request, seen here
+// by a plain ROUTER socket that does not split batches.
+TEST(KVClientBatchTest, CorkedRequestsToOneServerTravelAsOneMessage) {
+  JobConfig config =
+      JobConfig::FromFlagMap(
+          {{"model", "none"}, {"tables", "a:4:2:zeros,b:8:3:zeros"}, {"num_servers", "1"}})
+          .value();
+  const std::string endpoint =
+      "ipc:///tmp/ps_kv_batch_test_" + std::to_string(::getpid()) + ".sock";
+  zmq::context_t ctx;
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.set(zmq::sockopt::linger, 0);
+  router.bind(endpoint);
+  Transport transport;
+  KVClientOptions o;
+  o.request_timeout = std::chrono::seconds(5);
+  auto client = KVClient::Create(&transport, config, {endpoint}, o).value();
+  std::vector<float> a(4 * 2), b(8 * 3);
+  {
+    KVClient::Corked batch(*client);
+    client->PullRange(0, RowRange{0, 4}, a, [](const Status&) {});
+    client->PullRange(1, RowRange{0, 8}, b, [](const Status&) {});
+    client->Clock([](const Status&) {});
+  }
+  zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+  ASSERT_GT(zmq::poll(&item, 1, std::chrono::milliseconds(5000)), 0) << "nothing arrived";
+  std::vector<zmq::message_t> frames;
+  ASSERT_TRUE(zmq::recv_multipart(router, std::back_inserter(frames)).has_value());
+  ASSERT_GE(frames.size(), 2u);
+  frames.erase(frames.begin());  // the routing identity
+  ASSERT_TRUE(LooksLikeBatch(frames[0]));
+  Result<std::vector<Frames>> messages = UnpackBatch(std::move(frames));
+  ASSERT_TRUE(messages.ok()) << messages.status().ToString();
+  EXPECT_EQ(messages->size(), 3u) << "two pulls and a clock tick in one message";
+  // Nothing else was sent.
+  EXPECT_EQ(zmq::poll(&item, 1, std::chrono::milliseconds(100)), 0);
+  client.reset();
+  ::unlink(endpoint.substr(6).c_str());
 }
 
 TEST(KVClientRetryTest, RequestIdsStartAtRandom) {
