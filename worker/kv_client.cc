@@ -239,7 +239,7 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
       size_t first = slice.rows.begin - range->begin;
       if (push) {
         const size_t n = slice.rows.size() * width;
-        zmq::message_t values(n * WireDtypeBytes(options_.wire_dtype));
+        zmq::message_t values = NewPayload(slice.server, n * WireDtypeBytes(options_.wire_dtype));
         EncodeFloats(grads.subspan(first * width, n), options_.wire_dtype, values.data());
         payload_bytes += values.size();
         o.frames.push_back(std::move(values));
@@ -266,7 +266,7 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
       o.frames.push_back(std::move(key_frame));
       if (push) {
         const size_t row_bytes = width * WireDtypeBytes(options_.wire_dtype);
-        zmq::message_t values(slice.positions.size() * row_bytes);
+        zmq::message_t values = NewPayload(slice.server, slice.positions.size() * row_bytes);
         char* vp = static_cast<char*>(values.data());
         for (size_t i = 0; i < slice.positions.size(); ++i) {
           EncodeFloats(grads.subspan(slice.positions[i] * width, width), options_.wire_dtype,
@@ -300,6 +300,11 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
     }
   }
   return Enqueue(std::move(request), std::move(parts), std::move(request_ids), std::move(outgoing));
+}
+
+zmq::message_t KVClient::NewPayload(int server, size_t bytes) {
+  std::lock_guard<std::mutex> lock(sockets_mu_);
+  return sockets_[static_cast<size_t>(server)]->NewFrame(bytes);
 }
 
 Ticket KVClient::Enqueue(std::shared_ptr<Request> request, std::vector<std::shared_ptr<Part>> parts,
@@ -622,7 +627,14 @@ void KVClient::ApplyRedirects(std::vector<zmq::pollitem_t>& items) {
     }
     LOG(WARNING) << "server " << server << " failed over: its shards are served at " << endpoint
                  << " now; resending what it had not answered";
-    sockets_[s] = std::move(socket).value();
+    std::unique_ptr<ClientSocket> old = std::move(socket).value();
+    {
+      // Callers building payloads (NewPayload) read sockets_[s] under this lock. Frames
+      // already built in the old socket's ring keep it mapped and are copied on resend.
+      std::lock_guard<std::mutex> lock(sockets_mu_);
+      sockets_[s].swap(old);
+    }
+    old.reset();
     endpoints_[s] = endpoint;
     items[s] = {sockets_[s]->PollHandle().handle(), 0, ZMQ_POLLIN, 0};
     // Where this worker stands, read before the parts are: every push of the clocks

@@ -8,8 +8,13 @@
 // is forgotten after its callback runs (Wait on it is then NotFound).
 //
 // Buffers: a Push copies its gradients before returning, so the caller may reuse them at
-// once. A Pull writes into `out` from the I/O thread: `out` must stay valid and untouched
-// until the request completes.
+// once. The copy is the encode itself, written on the caller's thread straight into the
+// payload frame, which on an ipc:// socket with shared memory lies in the socket's ring
+// (ClientSocket::NewFrame): the server applies from those bytes, so the gradients are
+// copied once. The part keeps that frame (and with it the slot) until it is answered, for
+// retries and a failover's resend (a resend on another socket copies it from the slot). A Pull
+// writes into `out` from the I/O thread: `out` must stay valid and untouched until the request
+// completes.
 //
 // Ordering: requests to one server are sent and answered in call order, so a pull issued
 // after a push to the same rows sees that push.
@@ -42,7 +47,8 @@
 //
 // Thread model: all public methods are thread-safe. One internal I/O thread owns the
 // sockets (one DEALER per server); callers hand it requests through a queue and an
-// eventfd wakeup.
+// eventfd wakeup. Callers also build payload frames with a socket's NewFrame (which is
+// thread-safe), under sockets_mu_, the lock the I/O thread takes to replace a socket.
 #pragma once
 
 #include <atomic>
@@ -182,6 +188,8 @@ class KVClient {
                 std::span<const float> grads, std::span<float> out, Callback done,
                 int64_t clock = -1, std::span<const uint64_t> pulled_versions = {});
   Ticket Fail(const Status& status, Callback done);
+  // A payload frame for a request to `server` (ClientSocket::NewFrame). Any thread.
+  zmq::message_t NewPayload(int server, size_t bytes);
   Ticket SendClock(bool leave, bool rejoin, Callback done);
   // Registers a request of `parts` (with their request ids) and queues their frames.
   Ticket Enqueue(std::shared_ptr<Request> request, std::vector<std::shared_ptr<Part>> parts,
@@ -200,7 +208,10 @@ class KVClient {
   void ApplyRedirects(std::vector<zmq::pollitem_t>& items);
 
   Transport* transport_ = nullptr;
-  std::vector<std::unique_ptr<ClientSocket>> sockets_;  // owned by the I/O thread after Start
+  // Owned by the I/O thread after Start; others only call NewFrame, under sockets_mu_,
+  // which the I/O thread takes to replace a socket (Redirect).
+  std::mutex sockets_mu_;
+  std::vector<std::unique_ptr<ClientSocket>> sockets_;
   std::vector<std::string> endpoints_;                  // by server; owned by the I/O thread
   std::vector<std::pair<int, std::string>> redirects_;  // queued by Redirect; guarded by mu_
   int wake_fd_ = -1;

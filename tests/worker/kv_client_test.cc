@@ -3,12 +3,15 @@
 // that keeps serving good clients while a bad peer sends it garbage.
 #include "worker/kv_client.h"
 
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cmath>
 #include <future>
 #include <limits>
+#include <mutex>
 #include <thread>
 
 #include "server/server_node.h"
@@ -311,6 +314,159 @@ TEST(KVClientRetryTest, ARedirectResendsUnansweredPartsWithTheSameIds) {
   for (Outgoing& r : out) ASSERT_TRUE(backup->Send(r.peer, std::move(r.frames)).ok());
   EXPECT_TRUE(client->Wait(pull).ok());
   EXPECT_EQ(rows[0], -1.0f);
+}
+
+// Over ipc:// with shared memory: a 65536x2 table, so that a push's payload (512 KB) is
+// built in the client's ring.
+JobConfig ShmTestConfig() {
+  return JobConfig::FromFlagMap({{"model", "none"},
+                                 {"tables", "d:65536:2:zeros"},
+                                 {"num_servers", "1"},
+                                 {"staleness", "-1"},
+                                 {"base_lr", "1"}})
+      .value();
+}
+
+std::string ShmEndpoint(const std::string& name) {
+  return "ipc:///tmp/ps_kv_shm_" + std::to_string(getpid()) + "_" + name;
+}
+
+// This process's segments in /dev/shm (the test must leave none).
+int OurShmSegments() {
+  int n = 0;
+  const std::string prefix = "ps_shm_" + std::to_string(getpid()) + "_";
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) n += std::string(e->d_name).rfind(prefix, 0) == 0;
+    closedir(d);
+  }
+  return n;
+}
+
+std::vector<float> Gradient(size_t n, float scale) {
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i) g[i] = scale * static_cast<float>(i % 13 + 1);
+  return g;
+}
+
+bool PayloadIs(const zmq::message_t& frame, const std::vector<float>& g) {
+  return frame.size() == g.size() * sizeof(float) &&
+         std::memcmp(frame.data(), g.data(), frame.size()) == 0;
+}
+
+// A push built in the ring whose reply is lost: the receiver released its frame, and a
+// second push went through the ring meanwhile, yet the retry (same id) carries the first
+// push's bytes; the server applies it once.
+TEST(KVClientShmTest, APushBuiltInTheRingIsResentIntactAndAppliedOnce) {
+  {
+    Transport transport;
+    JobConfig config = ShmTestConfig();
+    auto core = ServerCore::Create(config, 0).value();
+    auto socket = transport.Listen(ShmEndpoint("retry")).value();
+    const size_t n = 65536 * 2;
+    const std::vector<float> a = Gradient(n, 1.0f), b = Gradient(n, -0.25f);
+    std::mutex mu;
+    std::vector<uint64_t> ids;  // push request ids the server saw, guarded by mu
+    std::vector<bool> intact;   // whether each carried the right bytes, guarded by mu
+    uint64_t first_id = 0;
+    std::atomic<bool> stop{false};
+    std::thread server([&] {
+      bool dropped = false;
+      while (!stop.load()) {
+        Result<Incoming> in = socket->Recv(std::chrono::milliseconds(20));
+        if (!in.ok() || in->frames.size() != 2) continue;
+        const uint64_t id = DecodedHeader::Decode(in->frames[0]).value().get().getRequestId();
+        {
+          std::lock_guard<std::mutex> l(mu);
+          if (ids.empty()) first_id = id;
+          ids.push_back(id);
+          intact.push_back(PayloadIs(in->frames[1], id == first_id ? a : b));
+        }
+        std::vector<Outgoing> out;
+        ServerCore::After after;
+        core->Handle(in->peer, in->frames, &out, &after);
+        in = Incoming();  // the receiver lets go of the shared bytes before answering
+        if (!dropped) {
+          dropped = true;  // the reply to the first push is lost on the way
+          continue;
+        }
+        for (Outgoing& o : out) (void)socket->Send(o.peer, std::move(o.frames));
+      }
+    });
+    KVClientOptions o;
+    o.request_timeout = std::chrono::seconds(20);
+    o.retry_interval = std::chrono::milliseconds(300);
+    auto client = KVClient::Create(&transport, config, {socket->BoundEndpoint()}, o).value();
+    std::vector<float> buffer = a;
+    const Ticket ta = client->PushRange(0, RowRange{0, 65536}, buffer);
+    std::fill(buffer.begin(), buffer.end(), 1e6f);  // the caller may reuse it at once
+    // Once the server has the first push (and released it), a second one through the ring.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (!ids.empty()) break;
+      }
+      std::this_thread::yield();
+    }
+    buffer = b;
+    EXPECT_TRUE(client->Wait(client->PushRange(0, RowRange{0, 65536}, buffer)).ok());
+    EXPECT_TRUE(client->Wait(ta).ok());
+    stop = true;
+    server.join();
+    ASSERT_GE(ids.size(), 3u);
+    EXPECT_EQ(ids[2], ids[0]) << "the retry carries the same request id";
+    EXPECT_EQ(intact, std::vector<bool>(ids.size(), true)) << "every push carried its bytes";
+    EXPECT_EQ(core->stats().pushes_applied, 2u) << "applied once";
+    EXPECT_GE(core->stats().pushes_duplicate, 1u);
+    EXPECT_EQ(core->ReadRow(0, 7).value(),
+              std::vector<float>({-(a[14] + b[14]), -(a[15] + b[15])}));
+    EXPECT_EQ(transport.shm_stats().frames_built, ids.size()) << "built in the ring, retries too";
+    client.reset();
+    socket.reset();
+  }
+  EXPECT_EQ(OurShmSegments(), 0);
+}
+
+// A failover over ipc://: the resend to the promoted backup (another socket, another ring)
+// is a copy of the bytes the first ring still holds.
+TEST(KVClientShmTest, ARedirectResendsTheHeldBytesToTheNewServer) {
+  {
+    Transport transport;
+    JobConfig config = ShmTestConfig();
+    auto dead = transport.Listen(ShmEndpoint("dead")).value();
+    auto backup = transport.Listen(ShmEndpoint("backup")).value();
+    auto core = ServerCore::Create(config, 0).value();
+    KVClientOptions o;
+    o.request_timeout = std::chrono::seconds(20);
+    o.retry_interval = std::chrono::seconds(60);  // only the redirect resends
+    auto client = KVClient::Create(&transport, config, {dead->BoundEndpoint()}, o).value();
+    const std::vector<float> g = Gradient(65536 * 2, 0.5f);
+    std::vector<float> buffer = g;
+    const Ticket t = client->PushRange(0, RowRange{0, 65536}, buffer);
+    std::fill(buffer.begin(), buffer.end(), 0.0f);
+    {
+      Result<Incoming> lost = dead->Recv(std::chrono::seconds(10));
+      ASSERT_TRUE(lost.ok()) << lost.status().ToString();
+      EXPECT_TRUE(PayloadIs(lost->frames[1], g));
+    }  // released unanswered
+    client->Redirect(0, backup->BoundEndpoint());
+    Result<Incoming> in = backup->Recv(std::chrono::seconds(10));
+    ASSERT_TRUE(in.ok()) << in.status().ToString();
+    ASSERT_EQ(in->frames.size(), 2u);
+    EXPECT_TRUE(PayloadIs(in->frames[1], g));
+    std::vector<Outgoing> out;
+    ServerCore::After after;
+    core->Handle(in->peer, in->frames, &out, &after);
+    for (Outgoing& r : out) ASSERT_TRUE(backup->Send(r.peer, std::move(r.frames)).ok());
+    EXPECT_TRUE(client->Wait(t).ok());
+    EXPECT_EQ(core->ReadRow(0, 3).value(), std::vector<float>({-g[6], -g[7]}));
+    EXPECT_EQ(transport.shm_stats().frames_built, 1u);
+    EXPECT_EQ(transport.shm_stats().frames_sent, 2u) << "the resend went through the new ring";
+    client.reset();
+    dead.reset();
+    backup.reset();
+  }
+  EXPECT_EQ(OurShmSegments(), 0);
 }
 
 TEST(KVClientRetryTest, RequestIdsStartAtRandom) {
