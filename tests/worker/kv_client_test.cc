@@ -469,6 +469,88 @@ TEST(KVClientShmTest, ARedirectResendsTheHeldBytesToTheNewServer) {
   EXPECT_EQ(OurShmSegments(), 0);
 }
 
+// Chunked range requests (KVClientOptions::chunk_bytes): the same model bytes as unchunked
+// ones, one shard version and one applied push per logical push (staleness unchanged).
+TEST(KVClientChunkTest, ChunkedPushesAndPullsMatchUnchunkedOnes) {
+  const JobConfig config = JobConfig::FromFlagMap({{"model", "none"},
+                                                   {"tables", "d:1001:5:zeros"},
+                                                   {"num_servers", "3"},
+                                                   {"optimizer", "momentum"},
+                                                   {"base_lr", "0.5"}})
+                               .value();
+  struct Outcome {
+    std::vector<float> model;
+    std::vector<uint64_t> versions;
+    KVClientStats stats;
+    uint64_t applied = 0;
+    uint64_t requests = 0;
+  };
+  auto run = [&](size_t chunk_bytes) {
+    Outcome r;
+    Transport t;
+    testing::InProcessCluster cluster(&t, config);
+    KVClientOptions o;
+    o.request_timeout = std::chrono::seconds(20);
+    o.chunk_bytes = chunk_bytes;
+    auto client = KVClient::Create(&t, config, cluster.endpoints(), o).value();
+    const uint64_t first_id = client->next_request_id();
+    std::vector<float> w(1001 * 5);
+    for (int step = 0; step < 3; ++step) {
+      RequestInfo info;
+      EXPECT_TRUE(client->Wait(client->PullRange(0, RowRange{0, 1001}, w), &info).ok());
+      std::vector<float> g(w.size());
+      for (size_t i = 0; i < g.size(); ++i) {
+        g[i] = static_cast<float>((i * 7 + step * 3) % 11) - 5.0f + 0.01f * w[i];
+      }
+      EXPECT_TRUE(
+          client->Wait(client->PushRange(0, RowRange{0, 1001}, g, nullptr, info.versions)).ok());
+    }
+    RequestInfo info;
+    r.model.resize(w.size());
+    EXPECT_TRUE(client->Wait(client->PullRange(0, RowRange{0, 1001}, r.model), &info).ok());
+    r.versions = info.versions;
+    r.stats = client->stats();
+    r.requests = client->next_request_id() - first_id;
+    for (int s = 0; s < 3; ++s) r.applied += cluster.core(s).stats().pushes_applied;
+    return r;
+  };
+  const Outcome plain = run(0);
+  const Outcome chunked = run(64);  // 3 rows of 5 floats a chunk: ~110 chunks per server
+  EXPECT_GT(chunked.requests, 10 * plain.requests) << "the chunked run did chunk";
+  EXPECT_EQ(chunked.model, plain.model);
+  EXPECT_EQ(plain.versions, std::vector<uint64_t>({3, 3, 3}));
+  EXPECT_EQ(chunked.versions, plain.versions) << "one version per logical push";
+  EXPECT_EQ(plain.applied, 9u);
+  EXPECT_EQ(chunked.applied, 9u);
+  EXPECT_EQ(chunked.stats.staleness_count, plain.stats.staleness_count);
+  EXPECT_EQ(chunked.stats.staleness_sum, plain.stats.staleness_sum);
+  EXPECT_EQ(chunked.stats.bytes_pushed, plain.stats.bytes_pushed);
+  EXPECT_EQ(chunked.stats.bytes_pulled, plain.stats.bytes_pulled);
+}
+
+// A NaN in one chunk: that chunk is refused (nothing of it applied), the ticket reports the
+// error, the other chunks are applied.
+TEST_F(KVClientTest, ABadChunkIsRefusedAloneAndReported) {
+  KVClientOptions o;
+  o.request_timeout = std::chrono::seconds(20);
+  o.chunk_bytes = 64;  // 3 rows a chunk
+  auto client = KVClient::Create(&transport_, config_, cluster_->endpoints(), o).value();
+  std::vector<float> grad(1001 * 5, 1.0f);
+  grad[500 * 5 + 2] = std::numeric_limits<float>::quiet_NaN();
+  Status s = client->Wait(client->PushRange(0, RowRange{0, 1001}, grad));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("non-finite"), std::string::npos) << s.message();
+  std::vector<float> out(1001 * 5);
+  ASSERT_TRUE(client->Wait(client->PullRange(0, RowRange{0, 1001}, out)).ok());
+  const ShardMap map(config_.table_specs, 3);
+  const RowRange held = map.DenseRangeOf(0, map.ServerOf(0, 500));
+  const uint64_t bad_begin = held.begin + (500 - held.begin) / 3 * 3;
+  for (uint64_t r = 0; r < 1001; ++r) {
+    const float expect = r >= bad_begin && r < std::min(bad_begin + 3, held.end) ? 0.0f : -1.0f;
+    ASSERT_EQ(out[r * 5], expect) << "row " << r;
+  }
+}
+
 TEST(KVClientRetryTest, RequestIdsStartAtRandom) {
   Transport transport;
   JobConfig config =
