@@ -216,6 +216,9 @@ struct Push {
   clock @2 :Int64;            # the pushing worker's clock (x num_workers: the schedule's iteration)
   pulledVersion @3 :UInt64;   # the shard version the gradient was computed from
   gradDtype @4 :UInt8;        # the values frame's type: 0 fp32, 1 bf16, 2 fp16 (common/wire_dtype.h)
+  moreChunks @5 :Bool;        # a chunk of a larger push (KVClientOptions::chunk_bytes) that is
+                              # not its last: applied, but the shard's version and push count
+                              # move only with the last chunk (false: a whole push, or the last)
 }
 
 struct PushReply {

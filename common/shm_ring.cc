@@ -20,16 +20,16 @@ namespace {
 constexpr uint64_t kDescriptorMagic0 = 0x9a3c5e17d2b4f681ULL;
 constexpr uint64_t kDescriptorMagic1 = 0x5053484d52494e47ULL;  // "PSHMRING"
 constexpr uint64_t kHeaderMagic = 0x50535f53484d3031ULL;       // "PS_SHM01"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: the state word counts receiver uses
 constexpr uint64_t kUnit = 4096;  // allocations start on a page
 constexpr const char* kPrefix = "ps_shm_";
 constexpr size_t kMaxMappings = 256;
 
-enum SlotState : uint32_t {
-  kFree = 0,
-  kInUse = 1,     // sent: the receiver frees it
-  kReserved = 2,  // handed out by Reserve, not sent yet: the sender frees it
-};
+// The slot's state word (see the header): 0 free, bit 0 the sender's hold, and a count of
+// the receiver's uses in units of kReceiverUse.
+constexpr uint32_t kFree = 0;
+constexpr uint32_t kSenderHold = 1;
+constexpr uint32_t kReceiverUse = 2;
 
 struct ShmSlot {
   std::atomic<uint32_t> state;
@@ -179,6 +179,11 @@ ShmRing::~ShmRing() {
 }
 
 size_t ShmRing::Reclaim() {
+  std::lock_guard<std::mutex> l(mu_);
+  return ReclaimLocked();
+}
+
+size_t ShmRing::ReclaimLocked() {
   ShmSlot* slots = Slots(base_);
   for (auto it = held_.begin(); it != held_.end();) {
     if (slots[it->second.slot].state.load(std::memory_order_acquire) == kFree) {
@@ -202,7 +207,7 @@ std::optional<uint64_t> ShmRing::Allocate(uint64_t bytes) {
 }
 
 std::optional<std::pair<uint32_t, uint64_t>> ShmRing::Take(uint64_t bytes) {
-  Reclaim();
+  ReclaimLocked();
   if (free_slots_.empty()) return std::nullopt;
   const uint64_t rounded = RoundUp(std::max<uint64_t>(bytes, 1), kUnit);
   if (rounded > options_.data_bytes) return std::nullopt;
@@ -241,11 +246,18 @@ zmq::message_t ShmRing::Descriptor(uint32_t slot) const {
 }
 
 std::optional<zmq::message_t> ShmRing::Put(const void* data, size_t bytes) {
-  std::optional<std::pair<uint32_t, uint64_t>> taken = Take(bytes);
-  if (!taken) return std::nullopt;
+  std::optional<std::pair<uint32_t, uint64_t>> taken;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    taken = Take(bytes);
+    if (!taken) return std::nullopt;
+    // Held by the sender while it copies: Reclaim (another thread) must not free it.
+    Slots(base_)[taken->first].state.store(kSenderHold, std::memory_order_relaxed);
+  }
   const auto [slot, offset] = *taken;
   std::memcpy(base_ + DataOffset(options_.num_slots) + offset, data, bytes);
-  Slots(base_)[slot].state.store(kInUse, std::memory_order_release);
+  // The receiver's use, then the copy's hold goes: one store, so the slot is never 0.
+  Slots(base_)[slot].state.store(kReceiverUse, std::memory_order_release);
   return Descriptor(slot);
 }
 
@@ -254,31 +266,26 @@ namespace {
 struct Reservation {
   std::shared_ptr<ShmRing> ring;  // keeps the mapping
   std::atomic<uint32_t>* state;
-  std::atomic<uint32_t>* generation;
-  uint32_t expected_generation;
 };
 
-// A reserved frame released: frees its slot unless it was sent (then the receiver frees
-// it) or the slot has been reused since.
+// The last copy of a reserved frame released: the sender's hold goes. The slot is free once
+// the receiver's uses are gone too (it cannot have been reused meanwhile: the hold kept it).
 void ReleaseReserved(void* /*data*/, void* hint) {
   auto* r = static_cast<Reservation*>(hint);
-  if (r->generation->load(std::memory_order_acquire) == r->expected_generation) {
-    uint32_t reserved = kReserved;
-    r->state->compare_exchange_strong(reserved, kFree, std::memory_order_acq_rel);
-  }
+  r->state->fetch_and(~kSenderHold, std::memory_order_acq_rel);
   delete r;
 }
 
 }  // namespace
 
 std::optional<zmq::message_t> ShmRing::Reserve(size_t bytes) {
+  std::lock_guard<std::mutex> l(mu_);
   std::optional<std::pair<uint32_t, uint64_t>> taken = Take(bytes);
   if (!taken) return std::nullopt;
   const auto [slot, offset] = *taken;
   ShmSlot& s = Slots(base_)[slot];
-  s.state.store(kReserved, std::memory_order_release);
-  auto* r = new Reservation{shared_from_this(), &s.state, &s.generation,
-                            s.generation.load(std::memory_order_relaxed)};
+  s.state.store(kSenderHold, std::memory_order_release);
+  auto* r = new Reservation{shared_from_this(), &s.state};
   return zmq::message_t(base_ + DataOffset(options_.num_slots) + offset, bytes, &ReleaseReserved,
                         r);
 }
@@ -287,14 +294,15 @@ std::optional<zmq::message_t> ShmRing::Commit(const zmq::message_t& frame) {
   const char* data = static_cast<const char*>(frame.data());
   const char* begin = base_ + DataOffset(options_.num_slots);
   if (data < begin || data >= begin + options_.data_bytes) return std::nullopt;
+  std::lock_guard<std::mutex> l(mu_);
   auto it = held_.find(static_cast<uint64_t>(data - begin));
   if (it == held_.end()) return std::nullopt;
   ShmSlot& s = Slots(base_)[it->second.slot];
   if (s.length != frame.size()) return std::nullopt;
-  uint32_t reserved = kReserved;
-  if (!s.state.compare_exchange_strong(reserved, kInUse, std::memory_order_acq_rel)) {
-    return std::nullopt;  // sent already (a copy of a sent frame): the caller copies it
-  }
+  // The sender's hold (the frame is alive, so it is still set unless this is not a frame
+  // Reserve made) keeps the slot from being freed or reused while the use is added.
+  if ((s.state.load(std::memory_order_acquire) & kSenderHold) == 0) return std::nullopt;
+  s.state.fetch_add(kReceiverUse, std::memory_order_acq_rel);
   return Descriptor(it->second.slot);
 }
 
@@ -311,9 +319,13 @@ bool ShmRing::Cancel(const zmq::message_t& frame) {
   if (std::strncmp(d.name, name_.c_str(), sizeof(d.name)) != 0 || d.slot >= options_.num_slots) {
     return false;
   }
+  std::lock_guard<std::mutex> l(mu_);
   ShmSlot& s = Slots(base_)[d.slot];
   if (s.generation.load(std::memory_order_relaxed) != d.generation) return false;
-  s.state.store(kFree, std::memory_order_release);
+  uint32_t state = s.state.load(std::memory_order_acquire);
+  do {
+    if (state < kReceiverUse) return false;  // no use left to take back
+  } while (!s.state.compare_exchange_weak(state, state - kReceiverUse, std::memory_order_acq_rel));
   return true;
 }
 
@@ -338,7 +350,12 @@ struct Hold {
 
 void ReleaseSlot(void* /*data*/, void* hint) {
   auto* h = static_cast<Hold*>(hint);
-  Slots(h->mapping->base)[h->slot].state.store(kFree, std::memory_order_release);
+  // Only this use goes: the sender may hold the slot for a resend, or have sent it again.
+  std::atomic<uint32_t>& state = Slots(h->mapping->base)[h->slot].state;
+  uint32_t v = state.load(std::memory_order_relaxed);
+  while (v >= kReceiverUse &&
+         !state.compare_exchange_weak(v, v - kReceiverUse, std::memory_order_acq_rel)) {
+  }
   delete h;
 }
 
@@ -422,7 +439,7 @@ Result<zmq::message_t> ShmMapper::Resolve(const zmq::message_t& frame) {
                            std::to_string(h.data_bytes) + " bytes of segment '" + name + "'");
   }
   ShmSlot& s = Slots(m->base)[d.slot];
-  if (s.state.load(std::memory_order_acquire) != kInUse ||
+  if (s.state.load(std::memory_order_acquire) < kReceiverUse ||
       s.generation.load(std::memory_order_relaxed) != d.generation || s.offset != d.offset ||
       s.length != d.length) {
     return InvalidArgument("shm descriptor: slot " + std::to_string(d.slot) + " generation " +

@@ -6,7 +6,7 @@
 // (ShmDescriptor: segment name, slot, generation, offset, length) travels on the socket in
 // its place. A frame can also be built in the ring (Reserve) and sent without a copy
 // (Commit). The receiver maps the segment once (ShmMapper) and hands the layers above a
-// zmq::message_t over the mapped bytes, whose free function marks the slot free in the
+// zmq::message_t over the mapped bytes, whose free function drops its use of the slot in the
 // header (an atomic). The sender reclaims freed slots before each frame and places the next
 // one in the first gap that fits (a slot the receiver never frees costs only its own bytes);
 // when the ring is full (or /dev/shm is) it says so and the caller sends the frame inline.
@@ -27,15 +27,29 @@
 // the same user can still change bytes under a receiver (it can also ptrace it): the path is
 // for peers that trust each other as much as two processes of one job do.
 //
-// Thread model: a ShmRing is used by one thread at a time (the socket's). A ShmMapper is
-// used by its socket's thread; the messages it makes may be released on any thread (the
-// free function only stores an atomic and drops a shared_ptr).
+// Slot state (an atomic word in the slot table): bit 0 = the sender holds the slot (a frame
+// Reserve made is alive, copies included: it may be sent again), the bits above count the
+// receiver's uses (descriptors committed and not yet released). A slot is free, and may be
+// reused with the next generation, only when the word is 0: never while a receiver may
+// read it or while the sender may send it again. So a frame built in the ring and kept for
+// a resend (KVClient's retries) stays valid after the receiver released its first use, and
+// a resend on the same ring is another descriptor of the same bytes (no copy).
+//
+// Thread model: Reserve, Put, Commit, Cancel and Reclaim take the ring's mutex, so a frame
+// may be built in the ring on a caller's thread (KVClient::Submit encodes gradients
+// straight into it) while the socket's I/O thread sends others. The alternative, moving the
+// encode to the I/O thread, would either make Push wait for that thread (to keep the
+// promise that the caller may reuse its buffer at once) or add a copy; the lock is held
+// only for the slot bookkeeping, never during a copy into the slot. A ShmMapper is used by
+// its socket's thread; the messages it makes may be released on any thread (the free
+// function only updates an atomic and drops a shared_ptr).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -86,19 +100,22 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
   std::optional<zmq::message_t> Put(const void* data, size_t bytes);
 
   // A frame of `bytes` bytes in a reserved slot, for the caller to fill and send on this
-  // ring's socket: Commit then turns it into a descriptor without copying. Released unsent,
-  // it frees the slot. It keeps the ring mapped while it lives. nullopt when there is no
-  // room. REQUIRES: the ring is owned by a shared_ptr (Reserve uses shared_from_this).
+  // ring's socket: Commit then turns it into a descriptor without copying. The sender's
+  // hold on the slot lasts while the frame (or a copy of it, ShareFrames) lives; the slot
+  // is freed when that hold and every receiver's use are gone. It keeps the ring mapped
+  // while it lives. nullopt when there is no room. REQUIRES: the ring is owned by a
+  // shared_ptr (Reserve uses shared_from_this).
   std::optional<zmq::message_t> Reserve(size_t bytes);
-  // The descriptor for `frame` when it is a frame Reserve made of this ring and not yet
-  // sent; nullopt otherwise (the caller then Puts a copy).
+  // The descriptor for `frame` when it is a frame Reserve made of this ring (or a copy of
+  // one) that the sender still holds; each call adds a receiver use, so the same frame may
+  // be sent again (a retry). nullopt otherwise (the caller then Puts a copy).
   std::optional<zmq::message_t> Commit(const zmq::message_t& frame);
 
   // Whether `p` points into this ring's data area.
   bool Contains(const void* p) const;
 
-  // Frees the slot of a descriptor this ring made whose message was never sent. False when
-  // `descriptor` is not one of this ring's (then nothing changes).
+  // Takes back the receiver use of a descriptor this ring made whose message was never
+  // sent. False when `descriptor` is not one of this ring's (then nothing changes).
   bool Cancel(const zmq::message_t& descriptor);
 
   // Takes back the slots the receiver released; returns how many are still held.
@@ -116,12 +133,14 @@ class ShmRing : public std::enable_shared_from_this<ShmRing> {
   std::optional<std::pair<uint32_t, uint64_t>> Take(uint64_t bytes);
   zmq::message_t Descriptor(uint32_t slot) const;
   std::optional<uint64_t> Allocate(uint64_t bytes);
+  size_t ReclaimLocked();
 
   ShmRingOptions options_;
   std::string name_;
   int fd_;
   char* base_;
   size_t mapped_;
+  std::mutex mu_;                     // guards the three below
   uint64_t committed_ = 0;            // data bytes backed by fallocate so far
   std::vector<uint32_t> free_slots_;  // slot indices not held
   std::map<uint64_t, Held> held_;     // by data offset
@@ -133,8 +152,9 @@ class ShmMapper {
  public:
   ShmMapper() = default;
   ~ShmMapper();
-  // A frame over the bytes `descriptor` names; releasing it frees the slot. InvalidArgument
-  // naming the bad field for a malformed descriptor, NotFound for a segment that is gone.
+  // A frame over the bytes `descriptor` names; releasing it drops its use of the slot.
+  // InvalidArgument naming the bad field for a malformed descriptor, NotFound for a segment that is
+  // gone.
   Result<zmq::message_t> Resolve(const zmq::message_t& descriptor);
 
   struct Mapping;

@@ -17,6 +17,7 @@ namespace ps {
 struct Transport::ShmShared {
   std::atomic<uint64_t> frames_sent{0};
   std::atomic<uint64_t> bytes_sent{0};
+  std::atomic<uint64_t> frames_built{0};
   std::atomic<uint64_t> frames_inline{0};
   std::atomic<uint64_t> frames_received{0};
   std::atomic<uint64_t> bad_descriptors{0};
@@ -49,7 +50,9 @@ namespace {
 bool IsIpc(const std::string& endpoint) { return endpoint.rfind("ipc://", 0) == 0; }
 
 // The sending side of the shared-memory path for one socket: a ring per peer ("" for a
-// client socket's one server), made when the first large frame goes to that peer.
+// client socket's one server), made when the first large frame goes to that peer. NewFrame
+// may run on any thread (a client's callers build pushes in the ring); the rest runs on the
+// socket's thread. mu_ guards the ring map; each ring locks itself.
 class ShmSender {
  public:
   ShmSender(const TransportOptions& o, std::shared_ptr<Transport::ShmShared> shared)
@@ -64,32 +67,43 @@ class ShmSender {
   // A frame in `peer`'s ring (see ServerSocket::NewFrame), or an ordinary one.
   zmq::message_t NewFrame(const std::string& peer, size_t bytes) {
     if (bytes >= min_frame_bytes_) {
-      if (ShmRing* ring = RingFor(peer)) {
+      if (std::shared_ptr<ShmRing> ring = RingFor(peer)) {
         if (std::optional<zmq::message_t> f = ring->Reserve(bytes)) return std::move(*f);
       }
     }
     return zmq::message_t(bytes);
   }
 
-  // Frees the slots of descriptors Substitute put into `frames` that were not sent.
+  // Takes back the descriptors Substitute put into `frames` that were not sent.
   void Cancel(const std::string& peer, const Frames& frames) {
-    auto it = rings_.find(peer);
-    if (it == rings_.end()) return;
-    for (const zmq::message_t& f : frames) (void)it->second->Cancel(f);
+    std::shared_ptr<ShmRing> ring;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = rings_.find(peer);
+      if (it == rings_.end()) return;
+      ring = it->second;
+    }
+    for (const zmq::message_t& f : frames) (void)ring->Cancel(f);
   }
 
   // Replaces each large frame of `frames` by a descriptor of its copy in `peer`'s ring.
   void Substitute(const std::string& peer, Frames& frames) {
+    std::shared_ptr<ShmRing> ring;
     for (zmq::message_t& f : frames) {
       if (f.size() < min_frame_bytes_) continue;
-      ShmRing* ring = RingFor(peer);
-      if (ring == nullptr) return;
-      std::optional<zmq::message_t> d = ring->Commit(f);  // built in the ring: no copy
-      if (!d && ring->Contains(f.data())) {
-        // A copy of a frame of this ring sent already (a duplicated reply): its slot may be
-        // freed by the receiver, and Put could then reuse the bytes it copies from.
+      if (!ring) ring = RingFor(peer);
+      if (!ring) return;
+      // Built in the ring (a retry of such a frame too, while the sender holds it): no copy.
+      std::optional<zmq::message_t> d = ring->Commit(f);
+      if (d) {
+        shared_->frames_built.fetch_add(1, std::memory_order_relaxed);
+      } else if (ring->Contains(f.data())) {
+        // Points into this ring without the sender's hold (not a frame Reserve made): the
+        // receiver may free its slot, and Put could then reuse the bytes it copies from.
         f = CopyFrame(f.data(), f.size());
       }
+      // A frame of another ring (a resend after a redirect) is copied from the slot its
+      // sender still holds.
       if (!d) d = ring->Put(f.data(), f.size());
       if (!d) {
         shared_->frames_inline.fetch_add(1, std::memory_order_relaxed);
@@ -106,9 +120,10 @@ class ShmSender {
   // many rings, those with nothing held are dropped.
   static constexpr size_t kMaxRings = 64;
 
-  ShmRing* RingFor(const std::string& peer) {
+  std::shared_ptr<ShmRing> RingFor(const std::string& peer) {
+    std::lock_guard<std::mutex> l(mu_);
     auto it = rings_.find(peer);
-    if (it != rings_.end()) return it->second.get();
+    if (it != rings_.end()) return it->second;
     if (failed_) return nullptr;
     if (rings_.size() >= kMaxRings) {
       std::erase_if(rings_, [](const auto& kv) { return kv.second->Reclaim() == 0; });
@@ -122,14 +137,15 @@ class ShmSender {
       }
       return nullptr;
     }
-    return (rings_[peer] = std::move(ring).value()).get();
+    return rings_[peer] = std::move(ring).value();
   }
 
   size_t min_frame_bytes_;
   ShmRingOptions ring_options_;
   std::shared_ptr<Transport::ShmShared> shared_;
-  std::map<std::string, std::shared_ptr<ShmRing>> rings_;
-  bool failed_ = false;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<ShmRing>> rings_;  // guarded by mu_
+  bool failed_ = false;                                    // guarded by mu_
 };
 
 // The receiving side: turns descriptors back into frames. Only for ipc:// sockets.
@@ -337,6 +353,11 @@ class ZmqClientSocket final : public ClientSocket {
     return SendFrames(s_, frames, "send to " + endpoint_);
   }
 
+  zmq::message_t NewFrame(size_t bytes) override {
+    if (shm_.sender) return shm_.sender->NewFrame("", bytes);
+    return zmq::message_t(bytes);
+  }
+
   Result<Frames> Recv(std::chrono::milliseconds timeout) override {
     if (!queued_.empty()) {
       Frames f = std::move(queued_.front());
@@ -519,6 +540,7 @@ ShmStats Transport::shm_stats() const {
   ShmStats s;
   s.frames_sent = shm_->frames_sent.load();
   s.bytes_sent = shm_->bytes_sent.load();
+  s.frames_built = shm_->frames_built.load();
   s.frames_inline = shm_->frames_inline.load();
   s.frames_received = shm_->frames_received.load();
   s.bad_descriptors = shm_->bad_descriptors.load();

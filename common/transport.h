@@ -22,7 +22,8 @@
 //
 // Same-host payloads (options.shm): on ipc:// sockets a frame of at least shm_min_frame_bytes
 // is copied into a shared-memory ring the sending socket owns (one per connection; one per
-// peer for a listener), or built there in the first place (ServerSocket::NewFrame), and
+// peer for a listener), or built there in the first place (ServerSocket::NewFrame for
+// replies, ClientSocket::NewFrame for requests such as pushes), and
 // only a small descriptor travels on the socket; the receiving
 // socket hands the layers above a frame over the shared bytes (no receive copy), and
 // releasing that frame frees the slot. A full ring sends the frame inline. Receiving sockets
@@ -38,7 +39,8 @@
 // header (counts not matching the frames) is refused as a bad frame.
 //
 // Thread model: a socket is used by one thread at a time (ZeroMQ sockets are not
-// thread-safe); a Transport (it owns the ZeroMQ context) may be shared by all threads.
+// thread-safe), except ClientSocket::NewFrame (any thread); a Transport (it owns the ZeroMQ
+// context) may be shared by all threads.
 // All waits take a timeout; nothing blocks forever.
 #pragma once
 
@@ -71,8 +73,11 @@ struct Incoming {
 
 // Counts of the shared-memory path of one Transport (all its sockets).
 struct ShmStats {
-  uint64_t frames_sent = 0;      // frames that travelled through a ring
-  uint64_t bytes_sent = 0;       // their payload bytes
+  uint64_t frames_sent = 0;  // frames that travelled through a ring
+  uint64_t bytes_sent = 0;   // their payload bytes
+  // Of frames_sent, those built in the ring by their sender (NewFrame: pull replies,
+  // pushes) and sent without a copy; a resend of such a frame counts again.
+  uint64_t frames_built = 0;
   uint64_t frames_inline = 0;    // large frames sent inline: ring or /dev/shm full
   uint64_t frames_received = 0;  // descriptors turned into frames
   uint64_t bad_descriptors = 0;  // descriptors refused
@@ -148,6 +153,13 @@ class ClientSocket {
   virtual ~ClientSocket() = default;
   virtual const std::string& Endpoint() const = 0;
   virtual Status Send(Frames frames) = 0;
+  // A frame of `bytes` bytes for a request on this socket, to be filled and then sent
+  // (Send): on the shared-memory path it lies in the socket's ring and is sent without a
+  // copy; otherwise (or when the ring has no room) it is an ordinary frame. Unlike the rest
+  // of the socket, this may be called from any thread while the socket lives. The frame
+  // (and copies of it, ShareFrames) keeps its bytes while it lives, so it may be sent again
+  // (a retry), or on another socket (which copies it). Do not write it after sending it.
+  virtual zmq::message_t NewFrame(size_t bytes) { return zmq::message_t(bytes); }
   // Sends several messages as one batch (see Batches above); one message is sent as is.
   // REQUIRES: `messages` is not empty and each message has at least one frame.
   Status SendBatch(std::vector<Frames> messages);

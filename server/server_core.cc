@@ -589,10 +589,14 @@ Result<Frames> ServerCore::HandlePush(wire::Header::Reader h, const Frames& requ
     optimizer_->Apply(std::span<float>(row, width), std::span<float>(row + width, state_floats),
                       grads.subspan(i * width, width), lr);
   }));
-  ++shard_version_[table_id];
-  ++stats_.pushes_applied;
+  // A chunk of a larger push (moreChunks) moves the version and the counts only with the
+  // push's last chunk: staleness counts logical pushes, not chunks.
+  if (!push.getMoreChunks()) {
+    ++shard_version_[table_id];
+    ++stats_.pushes_applied;
+    RecordStaleness(staleness);
+  }
   stats_.bytes_pushed += values.size();
-  RecordStaleness(staleness);
   reply.setRowsApplied(a.rows);
   reply.setLearningRate(lr);
   out.push_back(EncodeFrame(b));

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "common/wire.h"
@@ -28,7 +29,8 @@ struct KVClient::Request {
 
 struct KVClient::Part {
   enum class Kind { kPush, kPull, kClock };
-  bool rejoin = false;  // clock parts: adopt the server's minimum clock
+  bool rejoin = false;       // clock parts: adopt the server's minimum clock
+  bool more_chunks = false;  // push chunks but the last of a server's share: no stats
   Ticket ticket = 0;
   std::shared_ptr<Request> request;
   int server = 0;
@@ -208,7 +210,8 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
   if (push && pulled_versions.size() == pulled_version.size()) {
     pulled_version.assign(pulled_versions.begin(), pulled_versions.end());
   }
-  auto header = [&](capnp::MallocMessageBuilder& b, uint64_t rid, int server) {
+  auto header = [&](capnp::MallocMessageBuilder& b, uint64_t rid, int server,
+                    bool more_chunks = false) {
     auto h = NewHeader(b, rid, options_.client_id);
     h.setTargetServer(server);
     auto body = h.getBody();
@@ -218,6 +221,7 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
       p.setClock(clock);
       p.setPulledVersion(pulled_version[static_cast<size_t>(server)]);
       p.setGradDtype(static_cast<uint8_t>(options_.wire_dtype));
+      p.setMoreChunks(more_chunks);
       return p.getKeys();
     }
     auto p = body.initPull();
@@ -227,31 +231,71 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
   };
   uint64_t payload_bytes = 0;
   if (range != nullptr) {
+    // Each server's share in row chunks of at most chunk_bytes (see the header).
+    const uint64_t row_bytes = width * sizeof(float);
+    const uint64_t chunk_rows = options_.chunk_bytes == 0
+                                    ? std::numeric_limits<uint64_t>::max()
+                                    : std::max<uint64_t>(1, options_.chunk_bytes / row_bytes);
+    struct Chunk {
+      int server;
+      RowRange rows;
+      bool more;  // not the share's last chunk
+    };
+    std::vector<Chunk> chunks;
     for (const RangeSlice& slice : shard_map_.SplitRange(table, *range)) {
+      uint64_t begin = slice.rows.begin;
+      do {
+        const uint64_t end =
+            slice.rows.end - begin > chunk_rows ? begin + chunk_rows : slice.rows.end;
+        chunks.push_back(Chunk{slice.server, RowRange{begin, end}, end < slice.rows.end});
+        begin = end;
+      } while (begin < slice.rows.end);
+    }
+    for (const Chunk& c : chunks) {
       auto part = std::make_shared<Part>();
-      uint64_t rid = next_request_id_.fetch_add(1);
-      capnp::MallocMessageBuilder b;
-      auto k = header(b, rid, slice.server);
-      k.initRange().setBegin(slice.rows.begin);
-      k.getRange().setEnd(slice.rows.end);
-      Outgoing o{slice.server, {}};
-      o.frames.push_back(EncodeFrame(b));
-      size_t first = slice.rows.begin - range->begin;
+      part->kind = push ? Part::Kind::kPush : Part::Kind::kPull;
+      part->table = table;
+      part->width = width;
+      part->deadline = deadline;
+      part->is_range = true;
+      part->out_row = c.rows.begin - range->begin;
+      part->rows = c.rows.size();
+      part->server = c.server;
+      part->more_chunks = push && c.more;
+      parts.push_back(std::move(part));
+      request_ids.push_back(next_request_id_.fetch_add(1));
+      if (push) payload_bytes += c.rows.size() * width * WireDtypeBytes(options_.wire_dtype);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
       if (push) {
-        const size_t n = slice.rows.size() * width;
-        zmq::message_t values(n * WireDtypeBytes(options_.wire_dtype));
+        ++stats_.pushes;
+        stats_.bytes_pushed += payload_bytes;
+      } else {
+        ++stats_.pulls;
+      }
+    }
+    // Registered first, then built and queued chunk by chunk: the I/O thread sends chunk k
+    // (and the server applies it) while this thread encodes chunk k+1.
+    const Ticket ticket = Register(request, parts, request_ids);
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const Chunk& c = chunks[i];
+      capnp::MallocMessageBuilder b;
+      auto k = header(b, request_ids[i], c.server, push && c.more);
+      k.initRange().setBegin(c.rows.begin);
+      k.getRange().setEnd(c.rows.end);
+      Outgoing o{c.server, {}};
+      o.frames.push_back(EncodeFrame(b));
+      if (push) {
+        const size_t first = c.rows.begin - range->begin;
+        const size_t n = c.rows.size() * width;
+        zmq::message_t values = NewPayload(c.server, n * WireDtypeBytes(options_.wire_dtype));
         EncodeFloats(grads.subspan(first * width, n), options_.wire_dtype, values.data());
-        payload_bytes += values.size();
         o.frames.push_back(std::move(values));
       }
-      part->is_range = true;
-      part->out_row = first;
-      part->rows = slice.rows.size();
-      part->server = slice.server;
-      parts.push_back(part);
-      request_ids.push_back(rid);
-      outgoing.push_back(std::move(o));
+      Queue(*parts[i], std::move(o));
     }
+    return ticket;
   } else {
     for (KeySlice& slice : shard_map_.SplitKeys(table, keys)) {
       auto part = std::make_shared<Part>();
@@ -266,7 +310,7 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
       o.frames.push_back(std::move(key_frame));
       if (push) {
         const size_t row_bytes = width * WireDtypeBytes(options_.wire_dtype);
-        zmq::message_t values(slice.positions.size() * row_bytes);
+        zmq::message_t values = NewPayload(slice.server, slice.positions.size() * row_bytes);
         char* vp = static_cast<char*>(values.data());
         for (size_t i = 0; i < slice.positions.size(); ++i) {
           EncodeFloats(grads.subspan(slice.positions[i] * width, width), options_.wire_dtype,
@@ -302,6 +346,50 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
   return Enqueue(std::move(request), std::move(parts), std::move(request_ids), std::move(outgoing));
 }
 
+zmq::message_t KVClient::NewPayload(int server, size_t bytes) {
+  std::lock_guard<std::mutex> lock(sockets_mu_);
+  return sockets_[static_cast<size_t>(server)]->NewFrame(bytes);
+}
+
+bool KVClient::KeepFrames() const {
+  // The frames are kept for retries, and for a resend after a failover (with replicas, or
+  // to a server restarted from a checkpoint).
+  return options_.retry_interval.count() > 0 || config_.replicas >= 2 ||
+         !config_.checkpoint_dir.empty();
+}
+
+Ticket KVClient::Register(const std::shared_ptr<Request>& request,
+                          const std::vector<std::shared_ptr<Part>>& parts,
+                          const std::vector<uint64_t>& request_ids) {
+  Ticket ticket;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ticket = next_ticket_++;
+    // An empty request (zero rows) completes at once, below.
+    request->remaining = std::max<int>(1, static_cast<int>(parts.size()));
+    requests_[ticket] = request;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      parts[i]->ticket = ticket;
+      parts[i]->request = request;
+      parts_[request_ids[i]] = parts[i];
+    }
+  }
+  if (parts.empty()) Complete(ticket, Status::Ok());
+  return ticket;
+}
+
+void KVClient::Queue(Part& part, Outgoing o) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (KeepFrames()) {
+      part.frames = ShareFrames(o.frames);
+      part.next_retry = SteadyClock::now() + options_.retry_interval;
+    }
+    outbox_.push_back(std::move(o));
+  }
+  if (corks_.load() == 0) Wake();
+}
+
 Ticket KVClient::Enqueue(std::shared_ptr<Request> request, std::vector<std::shared_ptr<Part>> parts,
                          std::vector<uint64_t> request_ids, std::vector<Outgoing> outgoing) {
   Ticket ticket;
@@ -311,14 +399,11 @@ Ticket KVClient::Enqueue(std::shared_ptr<Request> request, std::vector<std::shar
     // An empty request (zero rows) completes at once, below.
     request->remaining = std::max<int>(1, static_cast<int>(parts.size()));
     requests_[ticket] = request;
-    // The frames are kept for retries, and for a resend after a failover (with replicas,
-    // or to a server restarted from a checkpoint).
-    const bool retry = options_.retry_interval.count() > 0 || config_.replicas >= 2 ||
-                       !config_.checkpoint_dir.empty();
+    const bool keep = KeepFrames();
     for (size_t i = 0; i < parts.size(); ++i) {
       parts[i]->ticket = ticket;
       parts[i]->request = request;
-      if (retry) {
+      if (keep) {
         parts[i]->frames = ShareFrames(outgoing[i].frames);
         parts[i]->next_retry = SteadyClock::now() + options_.retry_interval;
       }
@@ -482,7 +567,9 @@ void KVClient::OnReply(int server, Frames frames) {
       } else {
         auto r = body.getPushReply();
         std::lock_guard<std::mutex> lock(mu_);
-        if (r.getDropped()) {
+        if (part->more_chunks) {
+          // Counted once per part, from its last chunk's answer (see Chunks in the header).
+        } else if (r.getDropped()) {
           ++stats_.pushes_dropped;
         } else {
           ++stats_.staleness_count;
@@ -649,7 +736,14 @@ void KVClient::ApplyRedirects(std::vector<zmq::pollitem_t>& items) {
     }
     LOG(WARNING) << "server " << server << " failed over: its shards are served at " << endpoint
                  << " now; resending what it had not answered";
-    sockets_[s] = std::move(socket).value();
+    std::unique_ptr<ClientSocket> old = std::move(socket).value();
+    {
+      // Callers building payloads (NewPayload) read sockets_[s] under this lock. Frames
+      // already built in the old socket's ring keep it mapped and are copied on resend.
+      std::lock_guard<std::mutex> lock(sockets_mu_);
+      sockets_[s].swap(old);
+    }
+    old.reset();
     endpoints_[s] = endpoint;
     items[s] = {sockets_[s]->PollHandle().handle(), 0, ZMQ_POLLIN, 0};
     // Where this worker stands, read before the parts are: every push of the clocks

@@ -8,11 +8,25 @@
 // is forgotten after its callback runs (Wait on it is then NotFound).
 //
 // Buffers: a Push copies its gradients before returning, so the caller may reuse them at
-// once. A Pull writes into `out` from the I/O thread: `out` must stay valid and untouched
-// until the request completes.
+// once. The copy is the encode itself, written on the caller's thread straight into the
+// payload frame, which on an ipc:// socket with shared memory lies in the socket's ring
+// (ClientSocket::NewFrame): the server applies from those bytes, so the gradients are
+// copied once. The part keeps that frame (and with it the slot) until it is answered, for
+// retries and a failover's resend (a resend on another socket copies it from the slot). A Pull
+// writes into `out` from the I/O thread: `out` must stay valid and untouched until the request
+// completes.
 //
 // Ordering: requests to one server are sent and answered in call order, so a pull issued
 // after a push to the same rows sees that push.
+//
+// Chunks (KVClientOptions::chunk_bytes): a large PushRange/PullRange part is sent as row
+// chunks, each its own request part; the ticket completes when all are answered, retries
+// and deduplication work per chunk. The server counts a chunked push once (its version and
+// push count move with the last chunk, wire Push.moreChunks), so staleness is unchanged.
+// Every chunk is checked on its own (all-or-nothing per chunk): a bad chunk (a NaN) is
+// refused alone while the others are applied, and the ticket reports that chunk's error,
+// as a bad server part already did. Push stats (staleness, dropped) count a part once,
+// from its last chunk's answer.
 //
 // Clocks (the staleness bound): the client counts the steps its worker completed. Clock()
 // completes one and tells every server, after the pushes issued before it; every pull
@@ -42,7 +56,8 @@
 //
 // Thread model: all public methods are thread-safe. One internal I/O thread owns the
 // sockets (one DEALER per server); callers hand it requests through a queue and an
-// eventfd wakeup.
+// eventfd wakeup. Callers also build payload frames with a socket's NewFrame (which is
+// thread-safe), under sockets_mu_, the lock the I/O thread takes to replace a socket.
 #pragma once
 
 #include <atomic>
@@ -84,6 +99,14 @@ struct KVClientOptions {
   // How pushed gradients travel (common/wire_dtype.h): fp32, or bf16/fp16 for half the
   // bytes. Pulled parameters always travel as fp32.
   WireDtype wire_dtype = WireDtype::kFp32;
+  // PushRange/PullRange split each server's share into row chunks of at most this many
+  // bytes (of fp32 rows; at least one row), each its own request part with its own request
+  // id, all in flight at once: the server applies (or copies out) chunk k while this side
+  // builds chunk k+1, and the next chunk's bytes travel while one is applied. 0: one part
+  // per server. Default 1 MB: ps_bench's 4 and 16 MB rows gain from it, and below that a
+  // part's fixed cost (a request, a reply, a descriptor) starts to show. Key-list requests
+  // are never chunked.
+  size_t chunk_bytes = size_t{1} << 20;
 };
 
 struct KVClientStats {
@@ -200,10 +223,20 @@ class KVClient {
                 std::span<const float> grads, std::span<float> out, Callback done,
                 int64_t clock = -1, std::span<const uint64_t> pulled_versions = {});
   Ticket Fail(const Status& status, Callback done);
+  // A payload frame for a request to `server` (ClientSocket::NewFrame). Any thread.
+  zmq::message_t NewPayload(int server, size_t bytes);
   Ticket SendClock(bool leave, bool rejoin, Callback done);
   // Registers a request of `parts` (with their request ids) and queues their frames.
   Ticket Enqueue(std::shared_ptr<Request> request, std::vector<std::shared_ptr<Part>> parts,
                  std::vector<uint64_t> request_ids, std::vector<Outgoing> outgoing);
+  // Registers a request whose parts' frames are queued later, one by one (Queue), so that
+  // the first chunks travel while the later ones are built. Completes an empty one at once.
+  Ticket Register(const std::shared_ptr<Request>& request,
+                  const std::vector<std::shared_ptr<Part>>& parts,
+                  const std::vector<uint64_t>& request_ids);
+  void Queue(Part& part, Outgoing o);
+  // Whether parts keep their frames for retries and failover resends.
+  bool KeepFrames() const;
   // Records one part's outcome; the last part completes the ticket. REQUIRES: mu_ not held.
   void Complete(Ticket ticket, const Status& status);
   void IoLoop();
@@ -220,7 +253,10 @@ class KVClient {
   void ApplyRedirects(std::vector<zmq::pollitem_t>& items);
 
   Transport* transport_ = nullptr;
-  std::vector<std::unique_ptr<ClientSocket>> sockets_;  // owned by the I/O thread after Start
+  // Owned by the I/O thread after Start; others only call NewFrame, under sockets_mu_,
+  // which the I/O thread takes to replace a socket (Redirect).
+  std::mutex sockets_mu_;
+  std::vector<std::unique_ptr<ClientSocket>> sockets_;
   std::vector<std::string> endpoints_;                  // by server; owned by the I/O thread
   std::vector<std::pair<int, std::string>> redirects_;  // queued by Redirect; guarded by mu_
   int wake_fd_ = -1;

@@ -3,7 +3,7 @@
 // as the raw ZeroMQ echo peer does, so both pay for the same loopback path and cores).
 //
 //   ps_bench [--transport=tcp|ipc] [--shm=auto|off] [--seconds=0.5] [--sizes_mb=1,4,16,64]
-//            [--json=FILE]
+//            [--json=FILE] [--chunk_kb=N]
 //   ps_bench --curve=compare [--io_threads=N]   dense push/pull with CURVE vs plain, same run
 //   ps_bench --server_threads=N   every in-process server applies and gathers rows with N
 //                                 threads (server/apply_pool.h); default 1
@@ -60,6 +60,9 @@ DEFINE_string(curve, "off",
 DEFINE_int32(io_threads, 1, "ZeroMQ I/O threads (CURVE encrypts on them)");
 DEFINE_int32(server_threads, 1,
              "each in-process server's apply threads (ps_server --server_threads; 0: per core)");
+DEFINE_int32(chunk_kb, -1,
+             "KVClient chunk size for dense push/pull in KB (KVClientOptions::chunk_bytes); "
+             "-1: the client's default, 0: no chunks");
 
 namespace ps {
 namespace {
@@ -198,7 +201,9 @@ struct Cluster {
         (void)ServeUntilShutdown(*sockets[s], *cores[s], stop, std::chrono::milliseconds(50));
       });
     }
-    client = KVClient::Create(&t, config, endpoints, KVClientOptions{}).value();
+    KVClientOptions o;
+    if (FLAGS_chunk_kb >= 0) o.chunk_bytes = static_cast<size_t>(FLAGS_chunk_kb) << 10;
+    client = KVClient::Create(&t, config, endpoints, o).value();
   }
   ~Cluster() {
     client.reset();

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "common/shm_ring.h"
 #include "common/transport.h"
@@ -323,16 +325,24 @@ TEST_F(ShmTransportTest, AReservedFrameIsSentWithoutACopyAndFreedOnlyOnce) {
   zmq::message_t f = ring->Reserve(expect.size()).value();
   std::memcpy(f.data(), expect.data(), expect.size());
   zmq::message_t d = ring->Commit(f).value();
-  EXPECT_FALSE(ring->Commit(f).has_value());                      // sent once; a second send copies
   EXPECT_FALSE(ring->Commit(Pattern(200 << 10, 7)).has_value());  // not of the ring
-  f = zmq::message_t();  // the sender's frame goes: the receiver's use keeps the slot
-  EXPECT_EQ(ring->Reclaim(), 1u);
   {
+    // The receiver's use goes while the sender holds the frame: the slot stays, and the
+    // frame may be sent again (a retry) as another descriptor of the same bytes.
     zmq::message_t got = mapper.Resolve(d).value();
     EXPECT_TRUE(SameBytes(got, expect));
-    EXPECT_EQ(ring->Reclaim(), 1u);
   }
-  EXPECT_EQ(ring->Reclaim(), 0u);
+  EXPECT_EQ(ring->Reclaim(), 1u);
+  EXPECT_FALSE(ring->Put("y", 1).value().empty());  // a new frame takes another slot
+  zmq::message_t d2 = ring->Commit(f).value();
+  f = zmq::message_t();            // the sender's frame goes: the receiver's use keeps the slot
+  EXPECT_EQ(ring->Reclaim(), 2u);  // and the Put's unreleased one
+  {
+    zmq::message_t got = mapper.Resolve(d2).value();
+    EXPECT_TRUE(SameBytes(got, expect));
+    EXPECT_EQ(ring->Reclaim(), 2u);
+  }
+  EXPECT_EQ(ring->Reclaim(), 1u);
   // The reserved frame may outlive its ring's owner: it keeps the mapping.
   zmq::message_t late = ring->Reserve(10).value();
   std::weak_ptr<ShmRing> weak = ring;
@@ -366,8 +376,10 @@ TEST_F(ShmTransportTest, ListenerRepliesBuiltInTheRingArriveIntact) {
   }
   EXPECT_EQ(t.shm_stats().frames_sent, 3u);
   EXPECT_EQ(t.shm_stats().frames_received, 3u);
-  // A reply sent twice (as the fault-injection wrapper duplicates one): the second is a
-  // copy, intact even though the receiver freed the first's slot in between.
+  EXPECT_EQ(t.shm_stats().frames_built, 3u);
+  // A reply sent twice (as the fault-injection wrapper duplicates one): the second is
+  // another descriptor of the slot the sender still holds, intact even though the receiver
+  // released the first in between.
   Frames reply;
   reply.push_back(server->NewFrame(in->peer, expect.size()));
   std::memcpy(reply[0].data(), expect.data(), expect.size());
@@ -382,8 +394,159 @@ TEST_F(ShmTransportTest, ListenerRepliesBuiltInTheRingArriveIntact) {
   Result<Frames> second = client->Recv(milliseconds(5000));
   ASSERT_TRUE(second.ok());
   EXPECT_TRUE(SameBytes((*second)[0], expect));
+  EXPECT_EQ(t.shm_stats().frames_built, 5u);
   // A small frame, or one for a tcp socket, is an ordinary frame.
   EXPECT_EQ(server->NewFrame(in->peer, 100).size(), 100u);
+}
+
+// A client's request built in its ring (KVClient's pushes): sent without a copy, kept by
+// the sender for a resend while the receiver releases its use and other frames pass
+// through the ring, sent again intact, and resent on another connection (a failover's
+// redirect) as a copy from the held slot.
+TEST_F(ShmTransportTest, ClientFramesBuiltInTheRingStayIntactForResends) {
+  {
+    Transport t;
+    auto server = t.Listen(IpcEndpoint("push")).value();
+    auto backup = t.Listen(IpcEndpoint("push_backup")).value();
+    auto client = t.Connect(server->BoundEndpoint()).value();
+    const zmq::message_t expect = Pattern(1 << 20, 11);
+    Frames kept;
+    {
+      Frames f;
+      f.push_back(Pattern(16, 0));
+      f.push_back(client->NewFrame(expect.size()));
+      std::memcpy(f[1].data(), expect.data(), expect.size());
+      kept = ShareFrames(f);  // what KVClient keeps for retries
+      ASSERT_TRUE(client->Send(std::move(f)).ok());
+    }
+    {
+      Result<Incoming> in = server->Recv(milliseconds(5000));
+      ASSERT_TRUE(in.ok()) << in.status().ToString();
+      ASSERT_EQ(in->frames.size(), 2u);
+      EXPECT_TRUE(SameBytes(in->frames[1], expect));
+    }  // released by the receiver
+    EXPECT_EQ(t.shm_stats().frames_built, 1u);
+    // Other frames through the ring meanwhile (first fit would reuse a freed slot's bytes).
+    for (uint32_t i = 0; i < 3; ++i) {
+      Frames other;
+      other.push_back(Pattern(1 << 20, 20 + i));
+      ASSERT_TRUE(client->Send(std::move(other)).ok());
+      Result<Incoming> in = server->Recv(milliseconds(5000));
+      ASSERT_TRUE(in.ok());
+      EXPECT_TRUE(SameBytes(in->frames[0], Pattern(1 << 20, 20 + i)));
+    }
+    // The retry: the same bytes, no copy.
+    ASSERT_TRUE(client->Send(ShareFrames(kept)).ok());
+    {
+      Result<Incoming> in = server->Recv(milliseconds(5000));
+      ASSERT_TRUE(in.ok()) << in.status().ToString();
+      ASSERT_TRUE(in->bad_frame.ok()) << in->bad_frame.ToString();
+      EXPECT_TRUE(SameBytes(in->frames[1], expect));
+    }
+    EXPECT_EQ(t.shm_stats().frames_built, 2u);
+    // The redirect: another connection's ring gets a copy of the held slot's bytes.
+    auto other = t.Connect(backup->BoundEndpoint()).value();
+    const uint64_t sent_before = t.shm_stats().frames_sent;
+    ASSERT_TRUE(other->Send(ShareFrames(kept)).ok());
+    {
+      Result<Incoming> in = backup->Recv(milliseconds(5000));
+      ASSERT_TRUE(in.ok()) << in.status().ToString();
+      EXPECT_TRUE(SameBytes(in->frames[1], expect));
+    }
+    EXPECT_EQ(t.shm_stats().frames_sent, sent_before + 1);
+    EXPECT_EQ(t.shm_stats().frames_built, 2u);
+    // A small frame is an ordinary one; with shm off, every frame is.
+    EXPECT_EQ(client->NewFrame(100).size(), 100u);
+  }
+  TransportOptions off;
+  off.shm = ShmMode::kOff;
+  Transport t(off);
+  auto server = t.Listen(IpcEndpoint("push_off")).value();
+  auto client = t.Connect(server->BoundEndpoint()).value();
+  Frames f;
+  f.push_back(client->NewFrame(1 << 20));
+  std::memset(f[0].data(), 7, f[0].size());
+  ASSERT_TRUE(client->Send(std::move(f)).ok());
+  ASSERT_TRUE(server->Recv(milliseconds(5000)).ok());
+  EXPECT_EQ(t.shm_stats().frames_sent, 0u);
+  EXPECT_TRUE(OurSegments().empty());
+}
+
+// Frames built on several threads while the socket's thread sends: each arrives intact; a
+// ring that is full gives ordinary frames, which go inline.
+TEST_F(ShmTransportTest, FramesBuiltOnOtherThreadsAndAFullRingGoesInline) {
+  TransportOptions o;
+  o.shm_ring_slots = 4;
+  o.shm_ring_bytes = 8 << 20;
+  Transport t(o);
+  auto server = t.Listen(IpcEndpoint("threads")).value();
+  auto client = t.Connect(server->BoundEndpoint()).value();
+  // Four slots held by the sender (kept for a resend): the fifth frame is ordinary.
+  std::vector<zmq::message_t> held;
+  for (int i = 0; i < 4; ++i) held.push_back(client->NewFrame(256 << 10));
+  Frames f;
+  f.push_back(client->NewFrame(256 << 10));
+  std::memset(f[0].data(), 3, f[0].size());
+  ASSERT_TRUE(client->Send(std::move(f)).ok());
+  Result<Incoming> in = server->Recv(milliseconds(5000));
+  ASSERT_TRUE(in.ok());
+  EXPECT_EQ(in->frames[0].size(), size_t{256} << 10);
+  EXPECT_EQ(static_cast<const char*>(in->frames[0].data())[1000], 3);
+  EXPECT_EQ(t.shm_stats().frames_inline, 1u);
+  EXPECT_EQ(t.shm_stats().frames_sent, 0u);
+  held.clear();
+  in = Incoming();
+
+  constexpr int kThreads = 4, kPerThread = 25;
+  std::mutex mu;
+  std::vector<std::pair<uint32_t, zmq::message_t>> built;  // guarded by mu
+  std::vector<std::thread> threads;
+  for (int th = 0; th < kThreads; ++th) {
+    threads.emplace_back([&, th] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const uint32_t seed = static_cast<uint32_t>(th * 100 + i);
+        zmq::message_t m = client->NewFrame(128 << 10);
+        zmq::message_t p = Pattern(m.size(), seed);
+        std::memcpy(m.data(), p.data(), p.size());
+        std::lock_guard<std::mutex> l(mu);
+        built.emplace_back(seed, std::move(m));
+      }
+    });
+  }
+  // This thread is the socket's: it sends what the others built, as they build it.
+  int received = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (received < kThreads * kPerThread && std::chrono::steady_clock::now() < deadline) {
+    std::vector<std::pair<uint32_t, zmq::message_t>> batch;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      batch.swap(built);
+    }
+    for (auto& [seed, m] : batch) {
+      Frames frames;
+      frames.push_back(zmq::message_t(&seed, sizeof(seed)));
+      frames.push_back(std::move(m));
+      EXPECT_TRUE(client->Send(std::move(frames)).ok());  // no ASSERT: the threads are joined below
+    }
+    while (true) {
+      Result<Incoming> r = server->Recv(milliseconds(batch.empty() ? 10 : 1000));
+      if (!r.ok()) break;
+      ++received;
+      if (r->frames.size() != 2 || r->frames[0].size() != sizeof(uint32_t)) {
+        ADD_FAILURE() << "a message of " << r->frames.size() << " frames";
+        continue;
+      }
+      uint32_t seed;
+      std::memcpy(&seed, r->frames[0].data(), sizeof(seed));
+      EXPECT_TRUE(SameBytes(r->frames[1], Pattern(128 << 10, seed))) << seed;
+    }
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(received, kThreads * kPerThread);
+  EXPECT_EQ(t.shm_stats().frames_sent + t.shm_stats().frames_inline - 1,
+            static_cast<uint64_t>(kThreads * kPerThread));
+  EXPECT_GT(t.shm_stats().frames_built, 0u);
+  EXPECT_EQ(t.shm_stats().bad_descriptors, 0u);
 }
 
 TEST_F(ShmTransportTest, StaleSegmentsOfDeadProcessesAreRemoved) {

@@ -84,6 +84,7 @@ class ShmJobTest : public itest::JobTest {
     KVClientOptions opt;
     opt.client_id = reg->id;
     opt.request_timeout = std::chrono::seconds(20);
+    opt.chunk_bytes = 0;  // one frame per push and pull: the counts checked below
     auto client = KVClient::Create(&transport, reg->config, reg->server_endpoints, opt);
     ASSERT_TRUE(client.ok()) << client.status().ToString();
     const uint32_t table = (*client)->FindTable("dense").value();

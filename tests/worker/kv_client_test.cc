@@ -3,6 +3,7 @@
 // that keeps serving good clients while a bad peer sends it garbage.
 #include "worker/kv_client.h"
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <future>
 #include <limits>
+#include <mutex>
 #include <thread>
 #include <zmq_addon.hpp>
 
@@ -375,6 +377,241 @@ TEST(KVClientBatchTest, CorkedRequestsToOneServerTravelAsOneMessage) {
   EXPECT_EQ(zmq::poll(&item, 1, std::chrono::milliseconds(100)), 0);
   client.reset();
   ::unlink(endpoint.substr(6).c_str());
+}
+
+// Over ipc:// with shared memory: a 65536x2 table, so that a push's payload (512 KB) is
+// built in the client's ring.
+JobConfig ShmTestConfig() {
+  return JobConfig::FromFlagMap({{"model", "none"},
+                                 {"tables", "d:65536:2:zeros"},
+                                 {"num_servers", "1"},
+                                 {"staleness", "-1"},
+                                 {"base_lr", "1"}})
+      .value();
+}
+
+std::string ShmEndpoint(const std::string& name) {
+  return "ipc:///tmp/ps_kv_shm_" + std::to_string(getpid()) + "_" + name;
+}
+
+// This process's segments in /dev/shm (the test must leave none).
+int OurShmSegments() {
+  int n = 0;
+  const std::string prefix = "ps_shm_" + std::to_string(getpid()) + "_";
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) n += std::string(e->d_name).rfind(prefix, 0) == 0;
+    closedir(d);
+  }
+  return n;
+}
+
+std::vector<float> Gradient(size_t n, float scale) {
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i) g[i] = scale * static_cast<float>(i % 13 + 1);
+  return g;
+}
+
+bool PayloadIs(const zmq::message_t& frame, const std::vector<float>& g) {
+  return frame.size() == g.size() * sizeof(float) &&
+         std::memcmp(frame.data(), g.data(), frame.size()) == 0;
+}
+
+// A push built in the ring whose reply is lost: the receiver released its frame, and a
+// second push went through the ring meanwhile, yet the retry (same id) carries the first
+// push's bytes; the server applies it once.
+TEST(KVClientShmTest, APushBuiltInTheRingIsResentIntactAndAppliedOnce) {
+  {
+    Transport transport;
+    JobConfig config = ShmTestConfig();
+    auto core = ServerCore::Create(config, 0).value();
+    auto socket = transport.Listen(ShmEndpoint("retry")).value();
+    const size_t n = 65536 * 2;
+    const std::vector<float> a = Gradient(n, 1.0f), b = Gradient(n, -0.25f);
+    std::mutex mu;
+    std::vector<uint64_t> ids;  // push request ids the server saw, guarded by mu
+    std::vector<bool> intact;   // whether each carried the right bytes, guarded by mu
+    uint64_t first_id = 0;
+    std::atomic<bool> stop{false};
+    std::thread server([&] {
+      bool dropped = false;
+      while (!stop.load()) {
+        Result<Incoming> in = socket->Recv(std::chrono::milliseconds(20));
+        if (!in.ok() || in->frames.size() != 2) continue;
+        const uint64_t id = DecodedHeader::Decode(in->frames[0]).value().get().getRequestId();
+        {
+          std::lock_guard<std::mutex> l(mu);
+          if (ids.empty()) first_id = id;
+          ids.push_back(id);
+          intact.push_back(PayloadIs(in->frames[1], id == first_id ? a : b));
+        }
+        std::vector<Outgoing> out;
+        ServerCore::After after;
+        core->Handle(in->peer, in->frames, &out, &after);
+        in = Incoming();  // the receiver lets go of the shared bytes before answering
+        if (!dropped) {
+          dropped = true;  // the reply to the first push is lost on the way
+          continue;
+        }
+        for (Outgoing& o : out) (void)socket->Send(o.peer, std::move(o.frames));
+      }
+    });
+    KVClientOptions o;
+    o.request_timeout = std::chrono::seconds(20);
+    o.retry_interval = std::chrono::milliseconds(300);
+    auto client = KVClient::Create(&transport, config, {socket->BoundEndpoint()}, o).value();
+    std::vector<float> buffer = a;
+    const Ticket ta = client->PushRange(0, RowRange{0, 65536}, buffer);
+    std::fill(buffer.begin(), buffer.end(), 1e6f);  // the caller may reuse it at once
+    // Once the server has the first push (and released it), a second one through the ring.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (!ids.empty()) break;
+      }
+      std::this_thread::yield();
+    }
+    buffer = b;
+    EXPECT_TRUE(client->Wait(client->PushRange(0, RowRange{0, 65536}, buffer)).ok());
+    EXPECT_TRUE(client->Wait(ta).ok());
+    stop = true;
+    server.join();
+    ASSERT_GE(ids.size(), 3u);
+    EXPECT_EQ(ids[2], ids[0]) << "the retry carries the same request id";
+    EXPECT_EQ(intact, std::vector<bool>(ids.size(), true)) << "every push carried its bytes";
+    EXPECT_EQ(core->stats().pushes_applied, 2u) << "applied once";
+    EXPECT_GE(core->stats().pushes_duplicate, 1u);
+    EXPECT_EQ(core->ReadRow(0, 7).value(),
+              std::vector<float>({-(a[14] + b[14]), -(a[15] + b[15])}));
+    EXPECT_EQ(transport.shm_stats().frames_built, ids.size()) << "built in the ring, retries too";
+    client.reset();
+    socket.reset();
+  }
+  EXPECT_EQ(OurShmSegments(), 0);
+}
+
+// A failover over ipc://: the resend to the promoted backup (another socket, another ring)
+// is a copy of the bytes the first ring still holds.
+TEST(KVClientShmTest, ARedirectResendsTheHeldBytesToTheNewServer) {
+  {
+    Transport transport;
+    JobConfig config = ShmTestConfig();
+    auto dead = transport.Listen(ShmEndpoint("dead")).value();
+    auto backup = transport.Listen(ShmEndpoint("backup")).value();
+    auto core = ServerCore::Create(config, 0).value();
+    KVClientOptions o;
+    o.request_timeout = std::chrono::seconds(20);
+    o.retry_interval = std::chrono::seconds(60);  // only the redirect resends
+    auto client = KVClient::Create(&transport, config, {dead->BoundEndpoint()}, o).value();
+    const std::vector<float> g = Gradient(65536 * 2, 0.5f);
+    std::vector<float> buffer = g;
+    const Ticket t = client->PushRange(0, RowRange{0, 65536}, buffer);
+    std::fill(buffer.begin(), buffer.end(), 0.0f);
+    {
+      Result<Incoming> lost = dead->Recv(std::chrono::seconds(10));
+      ASSERT_TRUE(lost.ok()) << lost.status().ToString();
+      EXPECT_TRUE(PayloadIs(lost->frames[1], g));
+    }  // released unanswered
+    client->Redirect(0, backup->BoundEndpoint());
+    Result<Incoming> in = backup->Recv(std::chrono::seconds(10));
+    ASSERT_TRUE(in.ok()) << in.status().ToString();
+    ASSERT_EQ(in->frames.size(), 2u);
+    EXPECT_TRUE(PayloadIs(in->frames[1], g));
+    std::vector<Outgoing> out;
+    ServerCore::After after;
+    core->Handle(in->peer, in->frames, &out, &after);
+    for (Outgoing& r : out) ASSERT_TRUE(backup->Send(r.peer, std::move(r.frames)).ok());
+    EXPECT_TRUE(client->Wait(t).ok());
+    EXPECT_EQ(core->ReadRow(0, 3).value(), std::vector<float>({-g[6], -g[7]}));
+    EXPECT_EQ(transport.shm_stats().frames_built, 1u);
+    EXPECT_EQ(transport.shm_stats().frames_sent, 2u) << "the resend went through the new ring";
+    client.reset();
+    dead.reset();
+    backup.reset();
+  }
+  EXPECT_EQ(OurShmSegments(), 0);
+}
+
+// Chunked range requests (KVClientOptions::chunk_bytes): the same model bytes as unchunked
+// ones, one shard version and one applied push per logical push (staleness unchanged).
+TEST(KVClientChunkTest, ChunkedPushesAndPullsMatchUnchunkedOnes) {
+  const JobConfig config = JobConfig::FromFlagMap({{"model", "none"},
+                                                   {"tables", "d:1001:5:zeros"},
+                                                   {"num_servers", "3"},
+                                                   {"optimizer", "momentum"},
+                                                   {"base_lr", "0.5"}})
+                               .value();
+  struct Outcome {
+    std::vector<float> model;
+    std::vector<uint64_t> versions;
+    KVClientStats stats;
+    uint64_t applied = 0;
+    uint64_t requests = 0;
+  };
+  auto run = [&](size_t chunk_bytes) {
+    Outcome r;
+    Transport t;
+    testing::InProcessCluster cluster(&t, config);
+    KVClientOptions o;
+    o.request_timeout = std::chrono::seconds(20);
+    o.chunk_bytes = chunk_bytes;
+    auto client = KVClient::Create(&t, config, cluster.endpoints(), o).value();
+    const uint64_t first_id = client->next_request_id();
+    std::vector<float> w(1001 * 5);
+    for (int step = 0; step < 3; ++step) {
+      RequestInfo info;
+      EXPECT_TRUE(client->Wait(client->PullRange(0, RowRange{0, 1001}, w), &info).ok());
+      std::vector<float> g(w.size());
+      for (size_t i = 0; i < g.size(); ++i) {
+        g[i] = static_cast<float>((i * 7 + step * 3) % 11) - 5.0f + 0.01f * w[i];
+      }
+      EXPECT_TRUE(
+          client->Wait(client->PushRange(0, RowRange{0, 1001}, g, nullptr, info.versions)).ok());
+    }
+    RequestInfo info;
+    r.model.resize(w.size());
+    EXPECT_TRUE(client->Wait(client->PullRange(0, RowRange{0, 1001}, r.model), &info).ok());
+    r.versions = info.versions;
+    r.stats = client->stats();
+    r.requests = client->next_request_id() - first_id;
+    for (int s = 0; s < 3; ++s) r.applied += cluster.core(s).stats().pushes_applied;
+    return r;
+  };
+  const Outcome plain = run(0);
+  const Outcome chunked = run(64);  // 3 rows of 5 floats a chunk: ~110 chunks per server
+  EXPECT_GT(chunked.requests, 10 * plain.requests) << "the chunked run did chunk";
+  EXPECT_EQ(chunked.model, plain.model);
+  EXPECT_EQ(plain.versions, std::vector<uint64_t>({3, 3, 3}));
+  EXPECT_EQ(chunked.versions, plain.versions) << "one version per logical push";
+  EXPECT_EQ(plain.applied, 9u);
+  EXPECT_EQ(chunked.applied, 9u);
+  EXPECT_EQ(chunked.stats.staleness_count, plain.stats.staleness_count);
+  EXPECT_EQ(chunked.stats.staleness_sum, plain.stats.staleness_sum);
+  EXPECT_EQ(chunked.stats.bytes_pushed, plain.stats.bytes_pushed);
+  EXPECT_EQ(chunked.stats.bytes_pulled, plain.stats.bytes_pulled);
+}
+
+// A NaN in one chunk: that chunk is refused (nothing of it applied), the ticket reports the
+// error, the other chunks are applied.
+TEST_F(KVClientTest, ABadChunkIsRefusedAloneAndReported) {
+  KVClientOptions o;
+  o.request_timeout = std::chrono::seconds(20);
+  o.chunk_bytes = 64;  // 3 rows a chunk
+  auto client = KVClient::Create(&transport_, config_, cluster_->endpoints(), o).value();
+  std::vector<float> grad(1001 * 5, 1.0f);
+  grad[500 * 5 + 2] = std::numeric_limits<float>::quiet_NaN();
+  Status s = client->Wait(client->PushRange(0, RowRange{0, 1001}, grad));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("non-finite"), std::string::npos) << s.message();
+  std::vector<float> out(1001 * 5);
+  ASSERT_TRUE(client->Wait(client->PullRange(0, RowRange{0, 1001}, out)).ok());
+  const ShardMap map(config_.table_specs, 3);
+  const RowRange held = map.DenseRangeOf(0, map.ServerOf(0, 500));
+  const uint64_t bad_begin = held.begin + (500 - held.begin) / 3 * 3;
+  for (uint64_t r = 0; r < 1001; ++r) {
+    const float expect = r >= bad_begin && r < std::min(bad_begin + 3, held.end) ? 0.0f : -1.0f;
+    ASSERT_EQ(out[r * 5], expect) << "row " << r;
+  }
 }
 
 TEST(KVClientRetryTest, RequestIdsStartAtRandom) {
