@@ -103,10 +103,12 @@ struct KVClientOptions {
   // bytes (of fp32 rows; at least one row), each its own request part with its own request
   // id, all in flight at once: the server applies (or copies out) chunk k while this side
   // builds chunk k+1, and the next chunk's bytes travel while one is applied. 0: one part
-  // per server. Default 1 MB: ps_bench's 4 and 16 MB rows gain from it, and below that a
-  // part's fixed cost (a request, a reply, a descriptor) starts to show. Key-list requests
-  // are never chunked.
-  size_t chunk_bytes = size_t{1} << 20;
+  // per server. Default 256 KB: on ps_bench (ipc, shared memory) 256-512 KB chunks gave
+  // the best 1-16 MB pushes and pulls (64 KB: a part's fixed cost shows; 1 MB: a 1 MB
+  // request is one chunk and nothing overlaps). Requests made under a Cork go out together
+  // when it ends, so their chunks do not overlap the encoding. Key-list requests are never
+  // chunked.
+  size_t chunk_bytes = size_t{256} << 10;
 };
 
 struct KVClientStats {

@@ -458,6 +458,7 @@ TEST(KVClientShmTest, APushBuiltInTheRingIsResentIntactAndAppliedOnce) {
     KVClientOptions o;
     o.request_timeout = std::chrono::seconds(20);
     o.retry_interval = std::chrono::milliseconds(300);
+    o.chunk_bytes = 0;  // the 512 KB push as one frame
     auto client = KVClient::Create(&transport, config, {socket->BoundEndpoint()}, o).value();
     std::vector<float> buffer = a;
     const Ticket ta = client->PushRange(0, RowRange{0, 65536}, buffer);
@@ -502,6 +503,7 @@ TEST(KVClientShmTest, ARedirectResendsTheHeldBytesToTheNewServer) {
     KVClientOptions o;
     o.request_timeout = std::chrono::seconds(20);
     o.retry_interval = std::chrono::seconds(60);  // only the redirect resends
+    o.chunk_bytes = 0;                            // the 512 KB push as one frame
     auto client = KVClient::Create(&transport, config, {dead->BoundEndpoint()}, o).value();
     const std::vector<float> g = Gradient(65536 * 2, 0.5f);
     std::vector<float> buffer = g;
