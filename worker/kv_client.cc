@@ -266,15 +266,7 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
       request_ids.push_back(next_request_id_.fetch_add(1));
       if (push) payload_bytes += c.rows.size() * width * WireDtypeBytes(options_.wire_dtype);
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (push) {
-        ++stats_.pushes;
-        stats_.bytes_pushed += payload_bytes;
-      } else {
-        ++stats_.pulls;
-      }
-    }
+    CountRequest(push, payload_bytes);
     // Registered first, then built and queued chunk by chunk: the I/O thread sends chunk k
     // (and the server applies it) while this thread encodes chunk k+1.
     const Ticket ticket = Register(request, parts, request_ids);
@@ -334,15 +326,7 @@ Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> key
     part->width = width;
     part->deadline = deadline;
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (push) {
-      ++stats_.pushes;
-      stats_.bytes_pushed += payload_bytes;
-    } else {
-      ++stats_.pulls;
-    }
-  }
+  CountRequest(push, payload_bytes);
   return Enqueue(std::move(request), std::move(parts), std::move(request_ids), std::move(outgoing));
 }
 
@@ -417,6 +401,16 @@ Ticket KVClient::Enqueue(std::shared_ptr<Request> request, std::vector<std::shar
     Wake();
   }
   return ticket;
+}
+
+void KVClient::CountRequest(bool push, uint64_t payload_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (push) {
+    ++stats_.pushes;
+    stats_.bytes_pushed += payload_bytes;
+  } else {
+    ++stats_.pulls;
+  }
 }
 
 void KVClient::Cork() { corks_.fetch_add(1); }

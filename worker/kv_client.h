@@ -241,6 +241,8 @@ class KVClient {
   bool KeepFrames() const;
   // Records one part's outcome; the last part completes the ticket. REQUIRES: mu_ not held.
   void Complete(Ticket ticket, const Status& status);
+  // Counts a Push/Pull call in stats_ (takes mu_).
+  void CountRequest(bool push, uint64_t payload_bytes);
   void IoLoop();
   // Sends `outbox` (emptied) with one batch per server (I/O thread).
   void SendBatched(std::vector<Outgoing>& outbox);

@@ -85,6 +85,18 @@ std::vector<std::string> Split(const std::string& s) {
   return out;
 }
 
+// A one-server job of one table (`tables`, --tables syntax) trained with `optimizer`.
+ps::Result<ps::JobConfig> BenchConfig(const std::string& optimizer, const std::string& tables) {
+  return ps::JobConfig::FromFlagMap({{"model", "none"},
+                                     {"tables", tables},
+                                     {"num_servers", "1"},
+                                     {"num_workers", "1"},
+                                     {"optimizer", optimizer},
+                                     {"base_lr", "0.01"},
+                                     {"weight_decay", std::to_string(FLAGS_weight_decay)},
+                                     {"clip_grad_norm", std::to_string(FLAGS_clip_grad_norm)}});
+}
+
 ps::Frames RangeRequest(uint64_t rid, uint64_t rows, const std::vector<float>* grad) {
   capnp::MallocMessageBuilder b;
   auto body = ps::NewHeader(b, rid, 0).getBody();
@@ -145,15 +157,7 @@ int main(int argc, char** argv) {
               "traffic_GB/s", "memcpy_GB/s", "ratio", "bound");
   nlohmann::json results = nlohmann::json::array();
   for (const std::string& name : Split(FLAGS_optimizers)) {
-    auto config =
-        ps::JobConfig::FromFlagMap({{"model", "none"},
-                                    {"tables", "w:1:1"},
-                                    {"num_servers", "1"},
-                                    {"num_workers", "1"},
-                                    {"optimizer", name},
-                                    {"base_lr", "0.01"},
-                                    {"weight_decay", std::to_string(FLAGS_weight_decay)},
-                                    {"clip_grad_norm", std::to_string(FLAGS_clip_grad_norm)}});
+    auto config = BenchConfig(name, "w:1:1");
     if (!config.ok()) {
       std::fprintf(stderr, "ps_apply_bench: %s\n", config.status().ToString().c_str());
       return 2;
@@ -213,15 +217,8 @@ int main(int argc, char** argv) {
       for (int mb : *sizes) {
         const size_t width = FLAGS_width;
         const uint64_t rows = std::max<uint64_t>(1, (static_cast<uint64_t>(mb) << 20) / 4 / width);
-        auto config = ps::JobConfig::FromFlagMap(
-            {{"model", "none"},
-             {"tables", "w:" + std::to_string(rows) + ":" + std::to_string(width) + ":zeros"},
-             {"num_servers", "1"},
-             {"num_workers", "1"},
-             {"optimizer", name},
-             {"base_lr", "0.01"},
-             {"weight_decay", std::to_string(FLAGS_weight_decay)},
-             {"clip_grad_norm", std::to_string(FLAGS_clip_grad_norm)}});
+        auto config =
+            BenchConfig(name, "w:" + std::to_string(rows) + ":" + std::to_string(width) + ":zeros");
         if (!config.ok()) {
           std::fprintf(stderr, "ps_apply_bench: %s\n", config.status().ToString().c_str());
           return 2;
