@@ -35,7 +35,9 @@ DEFINE_int32(server_threads, 1,
              "under 64 KB of rows stay on the request thread");
 DEFINE_int64(max_frame_mb, 1024,
              "largest frame accepted, MB; a peer sending a larger one is disconnected");
-DEFINE_int32(max_frames, 64, "most frames in one request; a longer one gets an error");
+DEFINE_int32(max_frames, 64,
+             "most frames in one message; a longer one gets an error. A worker's batch (a "
+             "step's requests to this server, up to 48 frames) counts as one message");
 DEFINE_int32(receive_hwm, 1000,
              "requests queued per peer before its connection stops being read (backpressure)");
 DEFINE_uint64(max_request_rows, ps::RequestLimits().max_rows, "rows one push or pull may address");

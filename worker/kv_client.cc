@@ -376,30 +376,8 @@ void KVClient::Queue(Part& part, Outgoing o) {
 
 Ticket KVClient::Enqueue(std::shared_ptr<Request> request, std::vector<std::shared_ptr<Part>> parts,
                          std::vector<uint64_t> request_ids, std::vector<Outgoing> outgoing) {
-  Ticket ticket;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ticket = next_ticket_++;
-    // An empty request (zero rows) completes at once, below.
-    request->remaining = std::max<int>(1, static_cast<int>(parts.size()));
-    requests_[ticket] = request;
-    const bool keep = KeepFrames();
-    for (size_t i = 0; i < parts.size(); ++i) {
-      parts[i]->ticket = ticket;
-      parts[i]->request = request;
-      if (keep) {
-        parts[i]->frames = ShareFrames(outgoing[i].frames);
-        parts[i]->next_retry = SteadyClock::now() + options_.retry_interval;
-      }
-      parts_[request_ids[i]] = parts[i];
-    }
-    for (Outgoing& o : outgoing) outbox_.push_back(std::move(o));
-  }
-  if (parts.empty()) {
-    Complete(ticket, Status::Ok());
-  } else if (corks_.load() == 0) {
-    Wake();
-  }
+  const Ticket ticket = Register(request, parts, request_ids);
+  for (size_t i = 0; i < parts.size(); ++i) Queue(*parts[i], std::move(outgoing[i]));
   return ticket;
 }
 
