@@ -94,6 +94,7 @@ Field StringField(const char* name, std::string JobConfig::*member,
                [=](const JobConfig& c) { return c.*member; }};
 }
 
+// code-shape: table (one entry per job setting)
 const std::vector<Field>& Fields() {
   static const std::vector<Field> fields = {
       StringField("model", &JobConfig::model, {"mlp", "sparse_lr", "none"}),

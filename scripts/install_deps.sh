@@ -20,6 +20,7 @@ PACKAGES=(
   zlib1g-dev                        # gzip-compressed IDX files
   clang-14 libclang-rt-14-dev       # libFuzzer + sanitizer runtimes (scripts/fuzz.sh)
   python3 procps
+  universal-ctags                   # scripts/check_code_shape.sh (function lengths)
   openssh-server openssh-client     # tests/scripts: scripts/launch_ssh.sh against a local sshd
   slurm-wlm munge                   # tests/scripts: scripts/slurm/ps_job.sbatch on a one-node Slurm
 )
