@@ -412,6 +412,13 @@ Status JobConfig::Validate() const {
                     "1 unless --model=mlp (groups all-reduce dense gradients; --model=" + model +
                         " pulls different rows on every worker)");
   }
+  // Without a directory nothing would be written, and a later --restore=latest would find
+  // nothing: refuse rather than train on without the checkpoints the user asked for.
+  if ((checkpoint_every > 0 || checkpoint_every_seconds > 0) && checkpoint_dir.empty()) {
+    return BadValue("checkpoint_every", ToFlagMap().at("checkpoint_every"),
+                    "0 unless --checkpoint_dir names where the servers write their checkpoints "
+                    "(e.g. --checkpoint_dir=runs/myjob/checkpoints)");
+  }
   if (max_grad_staleness >= 0 && staleness != -1) {
     return BadValue("max_grad_staleness", std::to_string(max_grad_staleness),
                     "-1 unless --staleness=-1 (the drop rule is for asynchronous training)");

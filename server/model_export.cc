@@ -143,6 +143,7 @@ Status ExportCheckpointSet(const std::string& set_dir, const std::string& out) {
   for (const auto& [k, v] : record["config"].items()) flags[k] = v.get<std::string>();
   flags["restore"] = set.string();
   flags["checkpoint_dir"] = "";
+  flags["checkpoint_every"] = "0";  // the export writes no checkpoints of its own
   flags["memory_budget"] = "0";  // the export passes through memory anyway
   PS_ASSIGN_OR_RETURN(JobConfig config, JobConfig::FromFlagMap(flags));
   const std::string parts_dir = out + ".parts";

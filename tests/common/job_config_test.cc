@@ -38,11 +38,13 @@ TEST(JobConfigTest, RoundTripsThroughTheFlagMap) {
 // --checkpoint_every counts clocks, or seconds with an "s"; either survives the flag map
 // (the coordinator sends the job's settings to every process that way).
 TEST(JobConfigTest, CheckpointEveryTakesClocksOrSeconds) {
-  Result<JobConfig> clocks = JobConfig::FromFlagMap({{"checkpoint_every", "500"}});
+  Result<JobConfig> clocks =
+      JobConfig::FromFlagMap({{"checkpoint_every", "500"}, {"checkpoint_dir", "/tmp/c"}});
   ASSERT_TRUE(clocks.ok()) << clocks.status().ToString();
   EXPECT_EQ(clocks->checkpoint_every, 500);
   EXPECT_EQ(clocks->checkpoint_every_seconds, 0);
-  Result<JobConfig> seconds = JobConfig::FromFlagMap({{"checkpoint_every", "2.5s"}});
+  Result<JobConfig> seconds =
+      JobConfig::FromFlagMap({{"checkpoint_every", "2.5s"}, {"checkpoint_dir", "/tmp/c"}});
   ASSERT_TRUE(seconds.ok()) << seconds.status().ToString();
   EXPECT_EQ(seconds->checkpoint_every, 0);
   EXPECT_EQ(seconds->checkpoint_every_seconds, 2.5);
@@ -57,6 +59,21 @@ TEST(JobConfigTest, CheckpointEveryTakesClocksOrSeconds) {
               std::string::npos)
         << r.status().message();
   }
+}
+
+// Asking for checkpoints without saying where is refused at start, naming both flags: the
+// job would otherwise train on and write nothing.
+TEST(JobConfigTest, CheckpointEveryWithoutADirectoryIsRefused) {
+  for (const char* every : {"200", "30s"}) {
+    Result<JobConfig> r = JobConfig::FromFlagMap({{"checkpoint_every", every}});
+    ASSERT_FALSE(r.ok()) << every;
+    EXPECT_NE(r.status().message().find(std::string("--checkpoint_every=") + every),
+              std::string::npos)
+        << r.status().message();
+    EXPECT_NE(r.status().message().find("--checkpoint_dir"), std::string::npos)
+        << r.status().message();
+  }
+  EXPECT_TRUE(JobConfig::FromFlagMap({{"checkpoint_every", "0"}}).ok());
 }
 
 // Each bad value is rejected with a message naming the flag, the value and what is allowed.
