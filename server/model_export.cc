@@ -144,7 +144,7 @@ Status ExportCheckpointSet(const std::string& set_dir, const std::string& out) {
   flags["restore"] = set.string();
   flags["checkpoint_dir"] = "";
   flags["checkpoint_every"] = "0";  // the export writes no checkpoints of its own
-  flags["memory_budget"] = "0";  // the export passes through memory anyway
+  flags["memory_budget"] = "0";     // the export passes through memory anyway
   PS_ASSIGN_OR_RETURN(JobConfig config, JobConfig::FromFlagMap(flags));
   const std::string parts_dir = out + ".parts";
   std::error_code ec;
