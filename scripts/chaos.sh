@@ -10,14 +10,18 @@
 # the default job's). --kill_server_once: also, both runs use --replicas=2 and the first
 # kill, --every seconds after training started, is server 0's (kill -9); the workers are
 # killed every --every seconds after it as without the flag. Runs take a few minutes each;
-# not part of the test suite. Needs a build (scripts/build.sh) and python3.
+# not part of the test suite. Needs a build (scripts/build.sh) and python3. Every option is
+# taken as `--name value` or `--name=value`.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/lib/options.sh"
 every=8
 workers=2
 run_dir="$root/runs/chaos-$(date +%Y%m%d-%H%M%S)"
 extra=()
 kill_server=0
+ps_split_options "--every --workers --run_dir" "--kill_server_once --help" "$@" || exit 2
+set -- "${PS_ARGS[@]}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --every) every="$2"; shift 2 ;;
@@ -25,7 +29,7 @@ while [ $# -gt 0 ]; do
     --run_dir) run_dir="$2"; shift 2 ;;
     --kill_server_once) kill_server=1; shift ;;
     --) shift; extra=("$@"); break ;;
-    -h|--help) sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) ps_usage "$0"; exit 0 ;;
     *) echo "chaos.sh: unknown option '$1'" >&2; exit 2 ;;
   esac
 done

@@ -9,14 +9,19 @@
 # per worker), the requests it answered per second while workers trained (reports,
 # leases), clock ticks the servers received per second (every step of every worker ticks
 # every server), pushes per second, and each step's pull round trip (workers' p50 and p99,
-# holds by the staleness bound included). Expects a build (build/bin or PS_BIN_DIR).
+# holds by the staleness bound included). Expects a build (build/bin or PS_BIN_DIR). Every
+# option is taken as `--name value` or `--name=value`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/options.sh
 worker_counts="1 4 16 64"
 per_worker=4096
 out="runs/cost-growth-$(date +%Y%m%d-%H%M%S)"
+ps_split_options "--workers --per_worker --out" "--help" "$@" || exit 2
+set -- "${PS_ARGS[@]}"
 while [ $# -gt 0 ]; do
   case "$1" in
+    -h|--help) ps_usage "$0"; exit 0 ;;
     --workers) worker_counts="$2"; shift 2 ;;
     --per_worker) per_worker="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;

@@ -8,8 +8,13 @@
 #   tar -xJf gpu_bundle.tar.xz && bash gpu_bundle/gpu_check.sh
 # (the device tool: run with carry ["gpu_bundle.tar.xz"]; results land in $OUT).
 #
-#   scripts/gpu_bundle.sh        # builds first if needed
+#   scripts/gpu_bundle.sh        # builds first if needed; takes no options
 set -euo pipefail
+case "${1:-}" in
+  "") ;;
+  -h|--help) sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "gpu_bundle.sh: takes no arguments, got '$1'" >&2; exit 2 ;;
+esac
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${PS_BUILD_DIR:-$root/build}"
 out="$root/gpu_bundle"

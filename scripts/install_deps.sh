@@ -2,7 +2,25 @@
 # Installs every Debian package the build, the tests and the default job need.
 # Idempotent: packages already present are skipped by apt; safe to run again.
 # Nothing is downloaded from anywhere but Debian's archive; nothing is vendored.
+# Once every package is present it writes the packages' stamp in the build directory, which
+# lets launch_local.sh skip these queries until the list or dpkg's database changes
+# (scripts/lib/build_stamp.sh).
+#
+#   scripts/install_deps.sh
 set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/lib/options.sh"
+source "$root/scripts/lib/build_stamp.sh"
+case "${1:-}" in
+  "") ;;
+  -h|--help) ps_usage "$0"; exit 0 ;;
+  *) echo "install_deps.sh: takes no arguments, got '$1'" >&2; exit 2 ;;
+esac
+# Records that every package is present (best effort: a read-only tree only loses the fast path).
+stamp() {
+  ps_build_dir "$root"
+  { mkdir -p "$PS_BUILD" && ps_deps_key "$root" >"$PS_BUILD/.ps_deps_stamp"; } 2>/dev/null || true
+}
 
 PACKAGES=(
   build-essential cmake pkg-config git
@@ -32,6 +50,7 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install_deps: all ${#PACKAGES[@]} packages present"
+  stamp
   exit 0
 fi
 
@@ -41,3 +60,4 @@ echo "install_deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends "${PACKAGES[@]}"
+stamp

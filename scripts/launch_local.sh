@@ -6,9 +6,10 @@
 #                           [--worker_flags "FLAGS"] [--server_flags "FLAGS"]
 #                           [--transport tcp|ipc] [--no_build]
 #                           [--keys DIR | --insecure] [--restart_servers | --no_restart_servers]
-#                           [-- extra job flags]
+#                           [--dry_run] [-- extra job flags]
 #   scripts/launch_local.sh --join RUN_DIR [--device DEV] [-- extra ps_worker flags]
 #
+# Every option is taken as `--name value` or `--name=value`.
 # FLAGFILE defaults to configs/fashion_mnist_mlp.flags. Extra job flags after `--` go to
 # the coordinator, which hands them to every process (e.g. -- --epochs=1 --base_lr=0.05).
 # --slow_worker I:F makes worker I (0-based) F times slower, to watch a straggler.
@@ -22,8 +23,16 @@
 # Traffic is authenticated and encrypted (CurveZMQ): keys are made in RUN_DIR/keys unless
 # --keys DIR names existing ones (ps_keygen / scripts/gen_keys.sh); --insecure turns
 # security off (plain ZeroMQ on loopback, with a warning).
-# Installs missing packages and builds first unless --no_build. Progress goes to the
-# console; every process's log, metrics.jsonl and summary.json go to the run directory.
+# Installs missing packages and builds first unless --no_build; both checks are skipped
+# when their stamps in the build directory say that nothing they look at has changed
+# (scripts/lib/build_stamp.sh), so a launch after scripts/test.sh or another launch starts
+# the coordinator within a fraction of a second. The coordinator refuses a job whose data is
+# missing before anything registers, naming the path and the command that makes it.
+# --dry_run prints the commands the job would run (after the same checks of the options,
+# without building, making keys or starting anything) and exits 0.
+# Progress goes to the console; every process's log, metrics.jsonl and summary.json go to
+# the run directory, and logs/launcher.log says what was started and how long the checks
+# before it took.
 # Returns the job's exit status; stops every process it started when the coordinator or a
 # server fails, on Ctrl-C and on exit. A worker that dies does not stop the job: the
 # coordinator notices (heartbeats), hands its data to the others and goes on. With
@@ -39,7 +48,10 @@
 # endpoint there) and returns that worker's exit status; its log is
 # RUN_DIR/logs/worker-join-<time>.log.
 set -uo pipefail
+launch_start="$EPOCHREALTIME"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/lib/options.sh"
+source "$root/scripts/lib/build_stamp.sh"
 
 flagfile="$root/configs/fashion_mnist_mlp.flags"
 servers=2
@@ -52,12 +64,17 @@ worker_flags=""
 server_flags=""
 transport=ipc
 build=1
+dry_run=0
 join_dir=""
 keys=""
 insecure=0
 restart_servers=auto
 extra=()
-usage() { sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
+usage() { ps_usage "$0"; }
+ps_split_options "--servers --workers --run_dir --device --slow_worker --metrics_port \
+  --worker_flags --server_flags --transport --join --keys" \
+  "--no_build --insecure --restart_servers --no_restart_servers --dry_run --help" "$@" || exit 2
+set -- "${PS_ARGS[@]}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --servers) servers="$2"; shift 2 ;;
@@ -70,6 +87,7 @@ while [ $# -gt 0 ]; do
     --server_flags) server_flags="$2"; shift 2 ;;
     --transport) transport="$2"; shift 2 ;;
     --no_build) build=0; shift ;;
+    --dry_run) dry_run=1; shift ;;
     --join) join_dir="$2"; shift 2 ;;
     --keys) keys="$2"; shift 2 ;;
     --insecure) insecure=1; shift ;;
@@ -89,8 +107,6 @@ done
 if ! [[ "$metrics_port" =~ ^[0-9]+$ ]] || [ "$metrics_port" -gt 65535 ]; then
   echo "launch_local.sh: --metrics_port must be 0 (off) or a port, got '$metrics_port'" >&2; exit 2
 fi
-# The port of process number $1 (0 the coordinator, then servers, then workers); 0: off.
-metrics_port_of() { [ "$metrics_port" = 0 ] && echo 0 || echo $((metrics_port + $1)); }
 slow_index=-1
 slow_factor=1
 if [ -n "$slow_worker" ]; then
@@ -103,8 +119,9 @@ if [ -n "$slow_worker" ]; then
     echo "launch_local.sh: --slow_worker $slow_worker names worker $slow_index, but there are $workers (0-based)" >&2; exit 2
   fi
 fi
+ps_build_dir "$root"
+bin="${PS_BIN_DIR:-$PS_BUILD/bin}"
 if [ -n "$join_dir" ]; then
-  bin="${PS_BIN_DIR:-$root/build/bin}"
   [ -x "$bin/ps_worker" ] || { echo "launch_local.sh: $bin/ps_worker is missing: build first" >&2; exit 1; }
   [ -s "$join_dir/coordinator.endpoint" ] || {
     echo "launch_local.sh: no running job in '$join_dir' (no coordinator.endpoint)" >&2; exit 2; }
@@ -126,26 +143,37 @@ if [ -n "$join_dir" ]; then
 fi
 [ -f "$flagfile" ] || { echo "launch_local.sh: flagfile '$flagfile' not found" >&2; exit 2; }
 flagfile="$(cd "$(dirname "$flagfile")" && pwd)/$(basename "$flagfile")"
-
-if [ "$build" = 1 ]; then
-  bash "$root/scripts/install_deps.sh" || exit 1
-  bash "$root/scripts/build.sh" >"${TMPDIR:-/tmp}/ps_build.log" 2>&1 || {
-    tail -50 "${TMPDIR:-/tmp}/ps_build.log"; echo "launch_local.sh: build failed" >&2; exit 1; }
+case "$transport" in
+  tcp|ipc) ;;
+  *) echo "launch_local.sh: --transport must be tcp or ipc, got '$transport'" >&2; exit 2 ;;
+esac
+if [ "$insecure" = 1 ] && [ -n "$keys" ]; then
+  echo "launch_local.sh: --keys and --insecure contradict each other" >&2; exit 2
 fi
-bin="${PS_BIN_DIR:-$root/build/bin}"
-for b in ps_coordinator ps_server ps_worker ps_keygen; do
-  [ -x "$bin/$b" ] || { echo "launch_local.sh: $bin/$b is missing: build first (scripts/build.sh)" >&2; exit 1; }
-done
+read -r -a server_flag_words <<<"$server_flags"
+read -r -a worker_flag_words <<<"$worker_flags"
+
+if [ "$build" = 1 ] && [ "$dry_run" = 0 ]; then
+  ps_ensure_built "$root" "$PS_BUILD/build.log" || exit 1
+fi
+if [ "$dry_run" = 0 ]; then
+  for b in ps_coordinator ps_server ps_worker ps_keygen; do
+    [ -x "$bin/$b" ] || { echo "launch_local.sh: $bin/$b is missing: build first (scripts/build.sh)" >&2; exit 1; }
+  done
+fi
 
 [ -n "$run_dir" ] || run_dir="$root/runs/$(date +%Y%m%d-%H%M%S)"
-mkdir -p "$run_dir/logs"
-run_dir="$(cd "$run_dir" && pwd)"
-rm -f "$run_dir/coordinator.endpoint"
+if [ "$dry_run" = 0 ]; then
+  mkdir -p "$run_dir/logs"
+  run_dir="$(cd "$run_dir" && pwd)"
+  rm -f "$run_dir/coordinator.endpoint"
+fi
 
 if [ "$insecure" = 1 ]; then
-  [ -z "$keys" ] || { echo "launch_local.sh: --keys and --insecure contradict each other" >&2; exit 2; }
   echo "launch_local.sh: WARNING: --insecure: no authentication, no encryption" >&2
   security=(--insecure)
+elif [ "$dry_run" = 1 ]; then
+  security=(--keys_dir="${keys:-$run_dir/keys}")
 else
   if [ -z "$keys" ]; then
     keys="$run_dir/keys"
@@ -154,6 +182,38 @@ else
   [ -f "$keys/server.secret" ] || { echo "launch_local.sh: $keys/server.secret not found (make keys with scripts/gen_keys.sh DIR)" >&2; exit 2; }
   keys="$(cd "$keys" && pwd)"
   security=(--keys_dir="$keys")
+fi
+
+# The command lines. Server $1 with $2 restarts: a restarted server listens on a fresh
+# endpoint, so that the workers' redirect to it reconnects and resends. Unix socket paths
+# are limited to 107 bytes: /tmp, not the run directory.
+coordinator_cmd=("$bin/ps_coordinator" --flagfile="$flagfile" --num_servers="$servers"
+  --num_workers="$workers" --listen='tcp://127.0.0.1:*'
+  --endpoint_file="$run_dir/coordinator.endpoint" --run_dir="$run_dir"
+  --metrics_port="$metrics_port" "${security[@]}" "${extra[@]}")
+server_cmd() {
+  local i="$1" n="$2" listen='tcp://127.0.0.1:*' restart=""
+  [ "$n" = 0 ] || restart="-r$n"
+  [ "$transport" = ipc ] && listen="ipc:///tmp/ps-$$-server-$i$restart.sock"
+  cmd=("$bin/ps_server" --coordinator="$endpoint" --listen="$listen" --id="$i" "${security[@]}"
+    "${server_flag_words[@]}" --metrics_port=$((metrics_port ? metrics_port + 1 + i : 0)))
+}
+worker_cmd() {
+  local i="$1" slowdown=1
+  [ "$i" = "$slow_index" ] && slowdown="$slow_factor"
+  cmd=("$bin/ps_worker" --coordinator="$endpoint" --id="$i" --device="$device"
+    --slowdown="$slowdown" "${worker_flag_words[@]}"
+    --metrics_port=$((metrics_port ? metrics_port + 1 + servers + i : 0)) "${security[@]}")
+}
+
+if [ "$dry_run" = 1 ]; then
+  endpoint=COORDINATOR_ENDPOINT
+  print_cmd() { printf '%q' "$1"; shift; printf ' %q' "$@"; echo; }
+  echo "# run directory: $run_dir (from $root)"
+  print_cmd "${coordinator_cmd[@]}"
+  for ((i = 0; i < servers; i++)); do server_cmd "$i" 0; print_cmd "${cmd[@]}"; done
+  for ((i = 0; i < workers; i++)); do worker_cmd "$i"; print_cmd "${cmd[@]}"; done
+  exit 0
 fi
 
 # Every worker runs one BLAS thread unless told otherwise: several processes each running
@@ -178,20 +238,42 @@ stop_all() {
 trap 'echo "launch_local.sh: interrupted, stopping the job" >&2; stop_all; exit 130' INT TERM
 trap 'stop_all' EXIT
 
+launcher_log="$run_dir/logs/launcher.log"
+# Sets ELAPSED to the seconds since this script started, to the millisecond (no subshell:
+# forks cost tens of milliseconds each on a loaded machine).
+elapsed() {
+  local us=$((${EPOCHREALTIME//[.,]/} - ${launch_start//[.,]/}))
+  printf -v ELAPSED '%d.%03d' $((us / 1000000)) $((us / 1000 % 1000))
+}
+# start NAME LOG COMMAND...: starts COMMAND in the background, stdout and stderr appended to
+# LOG (the coordinator's stdout is the console's; its stderr goes to coordinator.log).
+start() {
+  local name="$1" log="$2"
+  shift 2
+  elapsed
+  { printf '%s s: %s:' "$ELAPSED" "$name"; printf ' %q' "$@"; echo; } >>"$launcher_log"
+  if [ "$name" = coordinator ]; then
+    "$@" >>"$run_dir/logs/coordinator.out" 2>"$log" &
+  else
+    "$@" >>"$log" 2>&1 &
+  fi
+  pids+=($!); names+=("$name")
+}
+
 # Flagfiles may name other flagfiles relative to the repository root (configs/...).
 cd "$root"
 echo "run directory: $run_dir"
+elapsed
+echo "launch_local.sh: checks, build and keys took $ELAPSED s" >"$launcher_log"
 : >"$run_dir/logs/coordinator.out"  # exists before tail looks for it
-"$bin/ps_coordinator" --flagfile="$flagfile" --num_servers="$servers" --num_workers="$workers" \
-  --listen='tcp://127.0.0.1:*' --endpoint_file="$run_dir/coordinator.endpoint" \
-  --run_dir="$run_dir" --metrics_port="$(metrics_port_of 0)" "${security[@]}" "${extra[@]}" \
-  >>"$run_dir/logs/coordinator.out" 2>"$run_dir/logs/coordinator.log" &
-coord=$!
-pids+=("$coord"); names+=(coordinator)
+start coordinator "$run_dir/logs/coordinator.log" "${coordinator_cmd[@]}"
+coord="${pids[0]}"
 # The console shows the coordinator's progress; tail ends once the coordinator has.
 tail -n +1 -f --pid="$coord" "$run_dir/logs/coordinator.out" &
 console=$!
 
+# The coordinator checks the config and the job's data before it listens: a refusal ends
+# the launch here, before any server or worker starts.
 deadline=$((SECONDS + 30))
 while [ ! -s "$run_dir/coordinator.endpoint" ]; do
   if ! kill -0 "$coord" 2>/dev/null; then
@@ -201,24 +283,13 @@ while [ ! -s "$run_dir/coordinator.endpoint" ]; do
     exit "$rc"
   fi
   [ $SECONDS -lt $deadline ] || { echo "launch_local.sh: the coordinator did not start within 30 s" >&2; exit 1; }
-  sleep 0.1
+  sleep 0.05
 done
 endpoint="$(cat "$run_dir/coordinator.endpoint")"
 
-case "$transport" in
-  tcp|ipc) ;;
-  *) echo "launch_local.sh: --transport must be tcp or ipc, got '$transport'" >&2; exit 2 ;;
-esac
-# Starts server $1; $2 counts its restarts (a restarted server listens on a fresh endpoint,
-# so that the workers' redirect to it reconnects and resends).
 start_server() {
-  local i="$1" n="$2" listen='tcp://127.0.0.1:*'
-  # Unix socket paths are limited to 107 bytes: /tmp, not the run directory.
-  [ "$transport" = ipc ] && listen="ipc:///tmp/ps-$$-server-$i$([ "$n" = 0 ] || echo "-r$n").sock"
-  "$bin/ps_server" --coordinator="$endpoint" --listen="$listen" --id="$i" "${security[@]}" $server_flags \
-    --metrics_port="$(metrics_port_of $((1 + i)))" \
-    >>"$run_dir/logs/server-$i.log" 2>&1 &
-  pids+=($!); names+=("server-$i")
+  server_cmd "$1" "$2"
+  start "server-$1" "$run_dir/logs/server-$1.log" "${cmd[@]}"
 }
 for ((i = 0; i < servers; i++)); do
   : >"$run_dir/logs/server-$i.log"
@@ -226,13 +297,9 @@ for ((i = 0; i < servers; i++)); do
 done
 declare -A restarts=()
 for ((i = 0; i < workers; i++)); do
-  slowdown=1
-  [ "$i" = "$slow_index" ] && slowdown="$slow_factor"
-  "$bin/ps_worker" --coordinator="$endpoint" --id="$i" --device="$device" --slowdown="$slowdown" $worker_flags \
-    --metrics_port="$(metrics_port_of $((1 + servers + i)))" \
-    "${security[@]}" \
-    >"$run_dir/logs/worker-$i.log" 2>&1 &
-  pids+=($!); names+=("worker-$i")
+  : >"$run_dir/logs/worker-$i.log"
+  worker_cmd "$i"
+  start "worker-$i" "$run_dir/logs/worker-$i.log" "${cmd[@]}"
 done
 
 # With --replicas=2 a dead server's backup takes over (the last setting wins).

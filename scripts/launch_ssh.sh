@@ -7,6 +7,7 @@
 #                         [--remote_root DIR] [--ssh_opts "OPTS"] [--keys DIR | --insecure]
 #                         [-- extra job flags]
 #
+# Every option is taken as `--name value` or `--name=value`.
 # The hostfile names one host a line, then what runs there (# starts a comment):
 #   10.0.0.1          coordinator servers=1     # the coordinator listens on 10.0.0.1:P
 #   10.0.0.2          servers=1
@@ -39,7 +40,11 @@ ssh_opts=""
 keys=""
 insecure=0
 extra=()
-usage() { sed -n '2,/^[^#]/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; }
+source "$root/scripts/lib/options.sh"
+usage() { ps_usage "$0"; }
+ps_split_options "--hostfile --run_dir --port --remote_root --ssh_opts --keys" "--insecure --help" \
+  "$@" || exit 2
+set -- "${PS_ARGS[@]}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --hostfile) hostfile="$2"; shift 2 ;;

@@ -7,13 +7,18 @@
 # Runs, one after another: `ps_worker --standalone` (OPENBLAS_NUM_THREADS=1 and =2), the
 # default job (2 servers, 2 workers, prefetch on) and the same job with --prefetch=false.
 # Each run keeps its run directory under DIR (default runs/speed-<time>). Expects a build.
+# Every option is taken as `--name value` or `--name=value`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/options.sh
 target=0.88
 out="runs/speed-$(date +%Y%m%d-%H%M%S)"
 extra=()
+ps_split_options "--target --out" "--help" "$@" || exit 2
+set -- "${PS_ARGS[@]}"
 while [ $# -gt 0 ]; do
   case "$1" in
+    -h|--help) ps_usage "$0"; exit 0 ;;
     --target) target="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --) shift; extra=("$@"); break ;;

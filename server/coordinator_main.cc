@@ -7,6 +7,7 @@
 #include <csignal>
 #include <ctime>
 
+#include "common/data_check.h"
 #include "common/job_config.h"
 #include "common/metrics.h"
 #include "common/security_flags.h"
@@ -131,6 +132,10 @@ int main(int argc, char** argv) {
   ps::Result<ps::JobConfig> config = ps::JobConfig::FromFlagMap(flags);
   if (!config.ok()) {
     LOG(ERROR) << "bad job config: " << config.status().message();
+    return 2;
+  }
+  if (ps::Status data = ps::CheckJobData(config.value()); !data.ok()) {
+    LOG(ERROR) << "job data: " << data.message();
     return 2;
   }
   std::signal(SIGTERM, OnSignal);

@@ -1,0 +1,106 @@
+#include "common/data_check.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <system_error>
+
+namespace ps {
+namespace {
+
+namespace fs = std::filesystem;
+
+// scripts/make_sparse_data.sh writes train.svm and test.svm into its --out directory,
+// data/sparse_lr by default (configs/sparse_lr.flags reads them there).
+constexpr char kMakeSparseData[] = "scripts/make_sparse_data.sh";
+constexpr char kSparseDataDir[] = "data/sparse_lr";
+
+// The IDX files an mlp job reads from data_dir (worker/idx_reader.h: NAME.gz, else NAME).
+constexpr const char* kIdxFiles[] = {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                                     "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
+
+// Says where a relative path was looked for.
+std::string Where(const std::string& path) {
+  std::error_code ec;
+  if (fs::path(path).is_absolute()) return "";
+  const fs::path cwd = fs::current_path(ec);
+  return ec ? "" : " (relative to " + cwd.string() + ")";
+}
+
+// What makes the LIBSVM file `path`: the generator when the name is one it writes.
+std::string LibsvmHint(const std::string& path) {
+  const fs::path p = fs::path(path).lexically_normal();
+  const std::string name = p.filename().string();
+  if (name != "train.svm" && name != "test.svm") {
+    return "check the path (synthetic data: " + std::string(kMakeSparseData) + " --out DIR)";
+  }
+  const fs::path dir = p.parent_path();
+  if (dir == kSparseDataDir) {
+    return "make the generated sparse set with " + std::string(kMakeSparseData) +
+           " (from the repository root)";
+  }
+  return "make a generated sparse set there with " + std::string(kMakeSparseData) + " --out " +
+         dir.string();
+}
+
+std::string IdxHint(const std::string& data_dir) {
+  if (data_dir == JobConfig{}.data_dir) {
+    return "Debian's dataset-fashion-mnist package installs it: scripts/install_deps.sh";
+  }
+  return "--data_dir names a directory of IDX files: train-images-idx3-ubyte, "
+         "train-labels-idx1-ubyte, t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte, each "
+         "gzipped (.gz) or plain";
+}
+
+// OK when `path` is a readable file. `setting` is the flag that names it, `what` the kind of
+// file and `hint` what makes it, for the message.
+Status CheckFile(const std::string& path, const std::string& setting, const std::string& what,
+                 const std::string& hint) {
+  if (path.empty()) return InvalidArgument("--" + setting + " is empty: it names a " + what);
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  const std::string head = "--" + setting + ": " + what + " " + path;
+  if (!fs::exists(st)) return NotFound(head + " does not exist" + Where(path) + "; " + hint);
+  if (fs::is_directory(st)) return FailedPrecondition(head + " is a directory, not a file");
+  if (access(path.c_str(), R_OK) != 0) {
+    return FailedPrecondition(head + " is not readable: " + std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+Status CheckIdxDir(const std::string& data_dir) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(data_dir, ec);
+  const std::string head = "--data_dir: directory " + data_dir;
+  if (!fs::exists(st)) {
+    return NotFound(head + " does not exist" + Where(data_dir) + "; " + IdxHint(data_dir));
+  }
+  if (!fs::is_directory(st)) return FailedPrecondition(head + " is not a directory");
+  for (const char* name : kIdxFiles) {
+    const std::string plain = (fs::path(data_dir) / name).string();
+    const std::string gz = plain + ".gz";
+    const std::string path = fs::exists(plain, ec) && !fs::exists(gz, ec) ? plain : gz;
+    if (Status s = CheckFile(path, "data_dir", "IDX file", IdxHint(data_dir)); !s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status CheckJobData(const JobConfig& config) {
+  if (config.model == "mlp") return CheckIdxDir(config.data_dir);
+  if (config.model == "sparse_lr") {
+    PS_RETURN_IF_ERROR(
+        CheckFile(config.train_data, "train_data", "LIBSVM file", LibsvmHint(config.train_data)));
+    if (!config.test_data.empty()) {
+      PS_RETURN_IF_ERROR(
+          CheckFile(config.test_data, "test_data", "LIBSVM file", LibsvmHint(config.test_data)));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace ps
