@@ -5,11 +5,56 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <sstream>
 
 namespace ps {
 namespace {
+
+// One `--name=value` (or `--name`, `--noname` for booleans) token of a flagfile line or of
+// an override; `where` names its origin in the error.
+Status ApplyFlagToken(const std::string& token, const std::string& where,
+                      std::map<std::string, std::string>* flags) {
+  if (token.rfind("--", 0) != 0 || token.size() < 3) {
+    return InvalidArgument(where + ": '" + token + "' is not a --name=value flag");
+  }
+  const std::string body = token.substr(2);
+  const size_t eq = body.find('=');
+  if (eq == std::string::npos) {
+    // Booleans as gflags writes them.
+    if (body.rfind("no", 0) == 0 && body.size() > 2) {
+      (*flags)[body.substr(2)] = "false";
+    } else {
+      (*flags)[body] = "true";
+    }
+    return Status::Ok();
+  }
+  (*flags)[body.substr(0, eq)] = body.substr(eq + 1);
+  return Status::Ok();
+}
+
+// Later lines override earlier ones, and a nested flagfile's lines land where it is named.
+Status ReadFlagfile(const std::string& path, int depth, std::map<std::string, std::string>* flags) {
+  if (depth > 8) return InvalidArgument("flagfiles nest deeper than 8 at '" + path + "'");
+  std::ifstream in(path);
+  if (!in) return NotFound("cannot read flagfile '" + path + "'");
+  std::string line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    const size_t first = line.find_first_not_of(" \t\r");
+    if (first == std::string::npos || line[first] == '#') continue;
+    const size_t last = line.find_last_not_of(" \t\r");
+    const std::string token = line.substr(first, last + 1 - first);
+    if (token.rfind("--flagfile=", 0) == 0) {
+      PS_RETURN_IF_ERROR(ReadFlagfile(token.substr(11), depth + 1, flags));
+      continue;
+    }
+    PS_RETURN_IF_ERROR(ApplyFlagToken(token, path + ":" + std::to_string(number), flags));
+  }
+  return Status::Ok();
+}
 
 Status BadValue(const std::string& flag, const std::string& value, const std::string& allowed) {
   return InvalidArgument("--" + flag + "=" + value + " is not allowed: expected " + allowed);
@@ -377,6 +422,21 @@ Result<JobConfig> JobConfig::FromFlagMap(const std::map<std::string, std::string
   }
   PS_RETURN_IF_ERROR(c.Validate());
   return c;
+}
+
+Result<JobConfig> JobConfig::FromFlagfile(const std::string& path, const std::string& overrides) {
+  std::map<std::string, std::string> flags;
+  PS_RETURN_IF_ERROR(ReadFlagfile(path, 0, &flags));
+  std::istringstream in(overrides);
+  std::string token;
+  while (in >> token) {
+    if (token.rfind("--flagfile=", 0) == 0) {
+      PS_RETURN_IF_ERROR(ReadFlagfile(token.substr(11), 0, &flags));
+    } else {
+      PS_RETURN_IF_ERROR(ApplyFlagToken(token, "overrides", &flags));
+    }
+  }
+  return FromFlagMap(flags);
 }
 
 std::map<std::string, std::string> JobConfig::ToFlagMap() const {

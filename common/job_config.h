@@ -153,6 +153,14 @@ struct JobConfig {
   // Parses and validates a flag map. Missing names keep their defaults; an unknown name or
   // a bad value is an InvalidArgument naming the flag, the value and what is allowed.
   static Result<JobConfig> FromFlagMap(const std::map<std::string, std::string>& flags);
+  // A job's settings as a gflags flagfile writes them, for a process that does not define
+  // them as its own flags (ps_worker --standalone): the flagfile at `path` (`--name=value`
+  // lines, `--name` / `--noname` for booleans, `#` comments, nested `--flagfile=PATH`
+  // relative to the working directory), then the space-separated `overrides` on top (e.g.
+  // "--epochs=1 --base_lr=0.05"; `--flagfile=PATH` reads a file there), then FromFlagMap.
+  // NotFound for a missing file, InvalidArgument naming the file and line of a line that is
+  // not a flag, or for a bad setting.
+  static Result<JobConfig> FromFlagfile(const std::string& path, const std::string& overrides);
   std::map<std::string, std::string> ToFlagMap() const;
 
   Status Validate() const;

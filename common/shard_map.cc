@@ -3,8 +3,7 @@
 #include <glog/logging.h>
 #include <xxhash.h>
 
-#include <cmath>
-#include <random>
+#include <algorithm>
 
 namespace ps {
 
@@ -65,27 +64,6 @@ std::vector<KeySlice> ShardMap::SplitKeys(uint32_t table, std::span<const uint64
     out.push_back(std::move(per_server[s]));
   }
   return out;
-}
-
-void InitializeRow(const TableSpec& table, uint64_t seed, uint64_t key, std::span<float> out) {
-  InitKind init = table.init_scale > 0 ? table.init : InitKind::kZeros;
-  switch (init) {
-    case InitKind::kZeros:
-      std::fill(out.begin(), out.end(), 0.0f);
-      return;
-    case InitKind::kUniform: {
-      std::mt19937_64 rng(HashKey(seed, table.id, key));
-      std::uniform_real_distribution<float> d(-table.init_scale, table.init_scale);
-      for (float& x : out) x = d(rng);
-      return;
-    }
-    case InitKind::kNormal: {
-      std::mt19937_64 rng(HashKey(seed, table.id, key));
-      std::normal_distribution<float> d(0.0f, table.init_scale);
-      for (float& x : out) x = d(rng);
-      return;
-    }
-  }
 }
 
 }  // namespace ps

@@ -60,9 +60,4 @@ class ShardMap {
 // initial value and its home do not depend on which process computes them.
 uint64_t HashKey(uint64_t seed, uint64_t a, uint64_t b);
 
-// Fills `out` (width floats) with the initial value of row `key` of `table`: a function of
-// (seed, table id, key) alone, so a row created on any server, or re-created after a
-// restart, starts the same.
-void InitializeRow(const TableSpec& table, uint64_t seed, uint64_t key, std::span<float> out);
-
 }  // namespace ps

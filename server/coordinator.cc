@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "common/lease_table.h"
+#include "common/lr_policy.h"
 #include "common/run_files.h"
 #include "common/wire.h"
 #include "server/checkpoint.h"
-#include "server/lr_policy.h"
 
 namespace ps {
 namespace {

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "common/shard_map.h"
+#include "common/row_init.h"
 #include "server/spill_file.h"
 
 namespace ps {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "common/gradient_check.h"
 #include "server/checkpoint.h"
 #include "server/export.h"
 
@@ -532,23 +533,9 @@ Result<Frames> ServerCore::HandlePush(wire::Header::Reader h, const Frames& requ
                            std::to_string(a.rows) + " rows x " + std::to_string(width) + " = " +
                            std::to_string(a.rows * width));
   }
-  // One branch-free pass first (it vectorizes: NaN fails every comparison, so
-  // !(|g| <= limit) catches NaN, Inf and huge values alike); the scan below runs only to
-  // name the bad value.
-  bool bad = false;
-  for (float g : grads) bad |= !(std::fabs(g) <= kMaxAbsGradient);
-  for (size_t i = 0; bad && i < grads.size(); ++i) {
-    if (!std::isfinite(grads[i])) {
-      return InvalidArgument("push to table '" + a.table->spec().name +
-                             "' has a non-finite gradient (" + std::to_string(grads[i]) +
-                             ") at float " + std::to_string(i) + "; nothing was applied");
-    }
-    // A finite but huge gradient would overflow momentum or the weights to infinity.
-    if (std::fabs(grads[i]) > kMaxAbsGradient) {
-      return InvalidArgument("push to table '" + a.table->spec().name + "' has a gradient of " +
-                             std::to_string(grads[i]) + " at float " + std::to_string(i) +
-                             ", beyond the limit of +-1e18; nothing was applied");
-    }
+  if (Status s = CheckGradients(grads); !s.ok()) {
+    return InvalidArgument("push to table '" + a.table->spec().name + "' has " + s.message() +
+                           "; nothing was applied");
   }
   const uint32_t table_id = push.getTableId();
   const uint64_t version = shard_version_[table_id];

@@ -51,14 +51,14 @@
 #include <vector>
 
 #include "common/job_config.h"
+#include "common/lr_policy.h"
+#include "common/optimizer.h"
 #include "common/shard_map.h"
 #include "common/status.h"
 #include "common/transport.h"
 #include "common/wire.h"
 #include "common/wire_dtype.h"
 #include "server/apply_pool.h"
-#include "server/lr_policy.h"
-#include "server/optimizer.h"
 #include "server/recent_requests.h"
 #include "server/table.h"
 
@@ -136,10 +136,9 @@ class ServerCore {
  public:
   using Clock = std::chrono::steady_clock;
   static constexpr size_t kStalenessBuckets = 1024;
-  // Requests outside these bounds are refused: clocks past 2^40 steps are corrupt, and a
-  // gradient beyond 1e18 would overflow optimizer state or weights to infinity.
+  // Requests with clocks past 2^40 steps are corrupt and refused (gradients: see
+  // common/gradient_check.h).
   static constexpr int64_t kMaxClock = int64_t{1} << 40;
-  static constexpr float kMaxAbsGradient = 1e18f;
   // Worker ids past num_workers belong to workers that joined a running job.
   static constexpr int kMaxWorkers = 1 << 16;
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/row_init.h"
+
 namespace ps {
 
 Table::Table(const TableSpec& spec, RowRange held, uint64_t seed, size_t state_floats)
@@ -10,11 +12,8 @@ Table::Table(const TableSpec& spec, RowRange held, uint64_t seed, size_t state_f
       seed_(seed),
       stride_(spec.width + state_floats) {
   if (spec_.dense()) {
-    dense_.assign(held_.size() * stride_, 0.0f);
-    for (uint64_t r = held_.begin; r < held_.end; ++r) {
-      float* row = dense_.data() + (r - held_.begin) * stride_;
-      InitializeRow(spec_, seed_, r, std::span<float>(row, spec_.width));
-    }
+    dense_.resize(held_.size() * stride_);
+    InitializeRows(spec_, seed_, held_.begin, stride_, dense_);
   }
 }
 

@@ -4,25 +4,23 @@
 // against: what one process does with the same code.
 //
 // It follows one BSP worker of a one-server job step for step: the same initial rows
-// (server/table.h), the same example order and chunking (EpochOrder, chunks of
+// (common/row_init.h), the same example order and chunking (EpochOrder, chunks of
 // --chunk_examples), the same gradient scaling, the same learning rate per step
 // (iteration = step, as for a job of one worker) and the same update rule applied row by
-// row (server/optimizer.h). Its final model, and so its test loss, is bit-identical to such
-// a job's (tests/integration/standalone_test.cc checks this). Gradients are checked for
-// NaN/Inf as a server does; one stops the run with an error.
+// row (common/optimizer.h). Its final model, and so its test loss, is bit-identical to such
+// a job's (tests/integration/standalone_test.cc checks this). Gradients pass the servers'
+// check (common/gradient_check.h); a bad one stops the run with an error.
 //
 // It writes the run files a job writes (metrics.jsonl train and eval lines, summary.json
 // with the same keys where they apply, `"mode": "standalone"`). Only --model=mlp.
 //
-// This is the one place where worker code (the model) and server code (tables, optimizer)
-// meet, in its own library linked only into ps_worker, so that the baseline runs the very
-// update rule the servers run.
+// The update rules are the servers' own, from common/, so the baseline links no server
+// code. Its job settings come from JobConfig::FromFlagfile (common/job_config.h).
 //
 // Thread model: RunStandalone runs on the calling thread (OpenBLAS may use its own).
 #pragma once
 
 #include <atomic>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -39,16 +37,6 @@ struct StandaloneOptions {
   // Print a line per epoch on stdout, as the coordinator does for a job.
   bool print_progress = true;
 };
-
-// Reads job settings from a gflags-style flagfile (`--name=value` lines, `#` comments,
-// nested `--flagfile=PATH` relative to the working directory, as gflags reads it) into
-// *flags, later lines overriding earlier ones. NotFound for a missing file,
-// InvalidArgument for a line that is not a flag.
-Status ReadJobFlagFile(const std::string& path, std::map<std::string, std::string>* flags);
-
-// Applies space-separated `--name=value` overrides (e.g. "--epochs=1 --base_lr=0.05").
-Status ApplyJobFlagOverrides(const std::string& overrides,
-                             std::map<std::string, std::string>* flags);
 
 // Trains config's model to the end and writes the run files; *summary (may be null) gets
 // summary.json's contents. The config is used as one worker and one server would see it

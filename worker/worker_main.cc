@@ -7,7 +7,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <ctime>
-#include <map>
+#include <string>
 #include <thread>
 
 #include "common/metrics.h"
@@ -73,6 +73,56 @@ void SignalThread(sigset_t signals, std::chrono::milliseconds drain_timeout) {
              << "; exiting now";
   std::_Exit(3);
 }
+
+std::string DefaultStandaloneRunDir() {
+  char buf[64];
+  std::time_t t = std::time(nullptr);
+  std::strftime(buf, sizeof(buf), "runs/%Y%m%d-%H%M%S-standalone", std::localtime(&t));
+  return buf;
+}
+
+// --standalone: the job's settings from --job_flagfile and --job_flags, trained here.
+int StandaloneMain() {
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  ps::EnableFlushToZero();
+  ps::Result<ps::JobConfig> config =
+      ps::JobConfig::FromFlagfile(FLAGS_job_flagfile, FLAGS_job_flags);
+  if (!config.ok()) {
+    LOG(ERROR) << "ps_worker --standalone: bad job config: " << config.status().ToString();
+    return 2;
+  }
+  ps::StandaloneOptions options;
+  options.device = FLAGS_device;
+  options.run_dir = FLAGS_run_dir.empty() ? DefaultStandaloneRunDir() : FLAGS_run_dir;
+  ps::Status s = ps::RunStandalone(config.value(), options, g_stop, nullptr);
+  if (!s.ok()) {
+    LOG(ERROR) << "ps_worker --standalone: " << s.ToString();
+    return 1;
+  }
+  return 0;
+}
+
+// The worker's options from its flags; `metrics` is borrowed (nullptr: none).
+ps::WorkerOptions WorkerOptionsFromFlags(ps::Metrics* metrics) {
+  ps::WorkerOptions options;
+  options.coordinator = FLAGS_coordinator;
+  options.device = FLAGS_device;
+  options.register_timeout = std::chrono::milliseconds(FLAGS_register_timeout_ms);
+  options.requested_id = FLAGS_id;
+  options.request_timeout = std::chrono::milliseconds(FLAGS_request_timeout_ms);
+  options.slowdown = FLAGS_slowdown;
+  options.batch_size = FLAGS_batch_size;
+  options.metrics = metrics;
+  options.group = FLAGS_group;
+  options.drain_timeout = std::chrono::milliseconds(FLAGS_drain_timeout_ms);
+  // The job is gone (stopped, or its coordinator died): leave as on a preemption notice.
+  options.on_coordinator_lost = [] { kill(getpid(), SIGTERM); };
+  options.retry_interval = std::chrono::milliseconds(FLAGS_retry_ms);
+  options.prefetch = FLAGS_prefetch;
+  options.wire_dtype = FLAGS_wire_dtype;
+  return options;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,38 +130,7 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
-  if (FLAGS_standalone) {
-    std::signal(SIGTERM, OnSignal);
-    std::signal(SIGINT, OnSignal);
-    ps::EnableFlushToZero();
-    std::map<std::string, std::string> flags;
-    ps::Status s = ps::ReadJobFlagFile(FLAGS_job_flagfile, &flags);
-    if (s.ok()) s = ps::ApplyJobFlagOverrides(FLAGS_job_flags, &flags);
-    if (!s.ok()) {
-      LOG(ERROR) << "ps_worker --standalone: " << s.ToString();
-      return 2;
-    }
-    ps::Result<ps::JobConfig> config = ps::JobConfig::FromFlagMap(flags);
-    if (!config.ok()) {
-      LOG(ERROR) << "bad job config: " << config.status().message();
-      return 2;
-    }
-    ps::StandaloneOptions options;
-    options.device = FLAGS_device;
-    options.run_dir = FLAGS_run_dir;
-    if (options.run_dir.empty()) {
-      char buf[64];
-      std::time_t t = std::time(nullptr);
-      std::strftime(buf, sizeof(buf), "runs/%Y%m%d-%H%M%S-standalone", std::localtime(&t));
-      options.run_dir = buf;
-    }
-    s = ps::RunStandalone(config.value(), options, g_stop, nullptr);
-    if (!s.ok()) {
-      LOG(ERROR) << "ps_worker --standalone: " << s.ToString();
-      return 1;
-    }
-    return 0;
-  }
+  if (FLAGS_standalone) return StandaloneMain();
   if (FLAGS_coordinator.empty()) {
     LOG(ERROR) << "--coordinator is required (e.g. --coordinator=tcp://127.0.0.1:7000)";
     return 2;
@@ -130,28 +149,13 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::thread(SignalThread, signals, std::chrono::milliseconds(FLAGS_drain_timeout_ms)).detach();
   ps::EnableFlushToZero();
-  ps::WorkerOptions options;
-  options.coordinator = FLAGS_coordinator;
-  options.device = FLAGS_device;
-  options.register_timeout = std::chrono::milliseconds(FLAGS_register_timeout_ms);
-  options.requested_id = FLAGS_id;
-  options.request_timeout = std::chrono::milliseconds(FLAGS_request_timeout_ms);
-  options.slowdown = FLAGS_slowdown;
-  options.batch_size = FLAGS_batch_size;
   auto metrics =
       ps::StartProcessMetrics("worker", FLAGS_id, FLAGS_metrics_host, FLAGS_metrics_port);
   if (!metrics.ok()) {
     LOG(ERROR) << "ps_worker: " << metrics.status().ToString();
     return 2;
   }
-  options.metrics = metrics->get();
-  options.group = FLAGS_group;
-  options.drain_timeout = std::chrono::milliseconds(FLAGS_drain_timeout_ms);
-  // The job is gone (stopped, or its coordinator died): leave as on a preemption notice.
-  options.on_coordinator_lost = [] { kill(getpid(), SIGTERM); };
-  options.retry_interval = std::chrono::milliseconds(FLAGS_retry_ms);
-  options.prefetch = FLAGS_prefetch;
-  options.wire_dtype = FLAGS_wire_dtype;
+  const ps::WorkerOptions options = WorkerOptionsFromFlags(metrics->get());
   ps::TransportOptions topt;
   if (ps::Status sec =
           ps::InstallSecurityFromFlags(ps::SecurityRole::kWorker, {FLAGS_coordinator}, &topt);

@@ -1,4 +1,4 @@
-// ps_apply_bench: how fast the server applies an update (server/optimizer.h) to dense rows,
+// ps_apply_bench: how fast the server applies an update (common/optimizer.h) to dense rows,
 // against memcpy of the same bytes in the same run (issue #10: applying an update should run
 // at memory bandwidth).
 //
@@ -40,8 +40,8 @@
 #include <vector>
 
 #include "common/job_config.h"
+#include "common/optimizer.h"
 #include "common/wire.h"
-#include "server/optimizer.h"
 #include "server/server_core.h"
 
 DEFINE_string(sizes_mb, "1,16,64", "MB of row values per table");

@@ -4,6 +4,8 @@
 
 #include <set>
 
+#include "common/row_init.h"
+
 namespace ps {
 namespace {
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "common/row_init.h"
 #include "tests/server/test_messages.h"
 
 namespace ps {

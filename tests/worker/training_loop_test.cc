@@ -6,6 +6,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/row_init.h"
 #include "common/shard_map.h"
 #include "tests/worker/in_process_cluster.h"
 #include "worker/trainer.h"

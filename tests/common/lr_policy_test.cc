@@ -1,6 +1,6 @@
 // Each schedule at several iterations against its formula (Caffe's definitions, plus
 // cosine), warmup, and staleness-aware scaling.
-#include "server/lr_policy.h"
+#include "common/lr_policy.h"
 
 #include <gtest/gtest.h>
 

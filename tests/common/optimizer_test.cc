@@ -2,7 +2,7 @@
 // from the formulas (PyTorch's torch.optim conventions), not from the implementation: several
 // steps on rows of odd width, with a second row first touched mid-training, and weight decay
 // and clipping on and off.
-#include "server/optimizer.h"
+#include "common/optimizer.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "server/lr_policy.h"
+#include "common/lr_policy.h"
 
 #include <algorithm>
 #include <cmath>
