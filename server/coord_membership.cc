@@ -1,6 +1,7 @@
 #include "server/coord_membership.h"
 
 #include <glog/logging.h>
+#include <unistd.h>
 
 #include <map>
 #include <optional>
@@ -8,6 +9,20 @@
 #include "common/transport.h"
 
 namespace ps {
+
+MembershipOptions MembershipOptions::ForJob(const JobConfig& config) {
+  MembershipOptions o;
+  o.num_servers = config.num_servers;
+  o.num_workers = config.num_workers;
+  o.group_size = config.group_size;
+  o.heartbeat_timeout = std::chrono::duration<double>(config.heartbeat_timeout);
+  // ipc paths are limited to ~100 bytes: the coordinator's pid, a start stamp and the
+  // group's index keep them short and unique on the host.
+  o.group_endpoint_prefix =
+      "ipc:///tmp/ps-group-" + std::to_string(getpid()) + "-" +
+      std::to_string(CoordClock::now().time_since_epoch().count() % 1000000007) + "-";
+  return o;
+}
 
 std::string DeviceKind(const std::string& device) {
   if (device.find("(cuda:") != std::string::npos) return "cuda";
@@ -195,6 +210,16 @@ std::vector<bool> Membership::Live() const {
   std::vector<bool> live(workers_.size());
   for (size_t w = 0; w < workers_.size(); ++w) live[w] = !Gone(w);
   return live;
+}
+
+void Membership::GoneAndIdle(std::vector<uint32_t>* evicted, std::vector<uint32_t>* idle) const {
+  for (size_t w = 0; w < workers_.size(); ++w) {
+    if (Gone(w)) {
+      evicted->push_back(static_cast<uint32_t>(w));
+    } else if (workers_[w].result.done) {
+      idle->push_back(static_cast<uint32_t>(w));
+    }
+  }
 }
 
 int Membership::WorkerIndex(const std::string& peer) const {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/job_config.h"
 #include "common/status.h"
 
 namespace ps {
@@ -67,6 +68,9 @@ struct MembershipOptions {
   std::chrono::duration<double> heartbeat_timeout{4.0};
   // The leader endpoint of group k is this followed by k (an ipc path unique on the host).
   std::string group_endpoint_prefix = "ipc:///tmp/ps-group-";
+
+  // The job's settings, and a group prefix unique to this process and start.
+  static MembershipOptions ForJob(const JobConfig& config);
 };
 
 // "cpu: 2 threads" -> "cpu", "NVIDIA H200 (cuda:0)" -> "cuda": what a group may not mix.
@@ -112,6 +116,8 @@ class Membership {
   // Per worker: still training (neither done nor gone).
   std::vector<bool> Training() const;
   std::vector<bool> Live() const;
+  // Workers that are gone (*evicted) and live ones that are done (*idle), ascending.
+  void GoneAndIdle(std::vector<uint32_t>* evicted, std::vector<uint32_t>* idle) const;
   int WorkerIndex(const std::string& peer) const;
   int ServerIndex(const std::string& peer) const;
 

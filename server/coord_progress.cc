@@ -158,6 +158,16 @@ void Progress::UpdateWorkerGauges(size_t w, const Membership& members) {
   m.wait_seconds.Increment(l.interval_wait);
 }
 
+int64_t Progress::FastestLiveClock(const Membership& members) const {
+  int64_t fastest = -1;
+  for (size_t w = 0; w < worker_live_.size(); ++w) {
+    if (!members.Gone(w) && worker_live_[w].reported) {
+      fastest = std::max(fastest, worker_live_[w].clock);
+    }
+  }
+  return fastest;
+}
+
 double Progress::MeanSinceLastPrint(double sum) const {
   return loss_examples_since_print_ > 0 ? sum / static_cast<double>(loss_examples_since_print_)
                                         : 0.0;

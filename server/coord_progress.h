@@ -82,6 +82,8 @@ class Progress {
   // The progress line, when one is due (or `force`).
   void Print(bool force, double now);
   void CountFailure() { metrics_failures_.Increment(); }
+  // The fastest live worker's clock in the workers' last reports (-1: none reported).
+  int64_t FastestLiveClock(const Membership& members) const;
 
   // The job as ps_status shows it (server/status_main.cc).
   nlohmann::json StatusJson(const Membership& members, const nlohmann::json& failures,

@@ -1,6 +1,11 @@
 #include "server/coord_summary.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
+#include <cstdio>
+
+#include "common/run_files.h"
 
 namespace ps {
 namespace {
@@ -89,6 +94,23 @@ uint64_t P99Index(const std::vector<uint64_t>& histogram) {
     if (seen * 100 >= total * 99) return i;
   }
   return 0;
+}
+
+Status WriteRunSummary(const RunSummary& summary, const std::string& run_dir) {
+  const std::string path = run_dir + "/summary.json";
+  PS_RETURN_IF_ERROR(WriteJsonFile(path, summary.ToJson()));
+  std::printf("%s: test_acc %.4f  test_loss %.4f  %.0f ex/s  %.1fs wall  -> %s\n",
+              summary.ok ? "done" : "FAILED", summary.test_accuracy, summary.test_loss,
+              summary.examples_per_sec, summary.wall_seconds, path.c_str());
+  std::fflush(stdout);
+  return Status::Ok();
+}
+
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_utime.tv_usec / 1e6 + u.ru_stime.tv_sec +
+         u.ru_stime.tv_usec / 1e6;
 }
 
 RunSummary BuildSummary(const SummaryInputs& in) {

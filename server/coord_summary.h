@@ -1,8 +1,8 @@
 // The run summary (summary.json, common/run_summary.h) as a function of what the job
-// knows at its end: no I/O, no clock; the coordinator gathers the inputs and writes the
-// result.
+// knows at its end (BuildSummary: no I/O, no clock; the coordinator gathers the inputs),
+// and its writer.
 //
-// Thread model: a pure function.
+// Thread model: free functions; BuildSummary is pure.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +42,12 @@ struct SummaryInputs {
 };
 
 RunSummary BuildSummary(const SummaryInputs& in);
+
+// Writes `summary` to RUN_DIR/summary.json and prints its line on stdout.
+Status WriteRunSummary(const RunSummary& summary, const std::string& run_dir);
+
+// This process's CPU time so far, user and system, in seconds.
+double ProcessCpuSeconds();
 
 // The index at which `histogram`'s cumulative count reaches 99% of its total.
 uint64_t P99Index(const std::vector<uint64_t>& histogram);

@@ -2,8 +2,6 @@
 
 #include <glog/logging.h>
 #include <kj/exception.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -38,27 +36,6 @@ Status WriteTextFile(const std::string& path, const std::string& text) {
   return Status::Ok();
 }
 
-double CpuSeconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_utime.tv_sec + u.ru_utime.tv_usec / 1e6 + u.ru_stime.tv_sec +
-         u.ru_stime.tv_usec / 1e6;
-}
-
-MembershipOptions MembershipOptionsFor(const JobConfig& config) {
-  MembershipOptions o;
-  o.num_servers = config.num_servers;
-  o.num_workers = config.num_workers;
-  o.group_size = config.group_size;
-  o.heartbeat_timeout = std::chrono::duration<double>(config.heartbeat_timeout);
-  // ipc paths are limited to ~100 bytes: the coordinator's pid, a start stamp and the
-  // group's index keep them short and unique on the host.
-  o.group_endpoint_prefix = "ipc:///tmp/ps-group-" + std::to_string(getpid()) + "-" +
-                            std::to_string(Clock::now().time_since_epoch().count() % 1000000007) +
-                            "-";
-  return o;
-}
-
 // The job's event loop: owns the socket, decodes each request and hands it to the part
 // that owns its state (membership, leases, checkpoints, failover, progress), then sends
 // what that part decided.
@@ -68,7 +45,7 @@ class CoordinatorJob {
       : config_(config),
         options_(options),
         transport_(transport),
-        members_(MembershipOptionsFor(config)),
+        members_(MembershipOptions::ForJob(config)),
         leases_({config.epochs, static_cast<uint64_t>(config.chunk_examples), config.batch_size,
                  config.auto_batch}),
         checkpoints_(config),
@@ -492,13 +469,7 @@ void CoordinatorJob::ReplyReplacement(int s, const std::optional<JobSet>& set) {
   r.setId(static_cast<uint32_t>(s));
   SetConfigAndShardMap(r, config_, members_.servers());
   std::vector<uint32_t> evicted, idle;
-  for (size_t w = 0; w < members_.workers().size(); ++w) {
-    if (members_.Gone(w)) {
-      evicted.push_back(static_cast<uint32_t>(w));
-    } else if (members_.workers()[w].result.done) {
-      idle.push_back(static_cast<uint32_t>(w));
-    }
-  }
+  members_.GoneAndIdle(&evicted, &idle);
   SetReplacement(r, set ? set->set : std::string(), evicted, idle);
   if (Status sent = Send(server.peer, b); !sent.ok()) {
     LOG(ERROR) << "server " << s << "'s replacement: " << sent.ToString();
@@ -556,12 +527,7 @@ void CoordinatorJob::OnSilentServer(int s, Clock::time_point now) {
     // Where the workers stood: the slowest live clock the server last reported, and the
     // fastest worker's clock in the workers' last reports.
     e.clock_at_loss = progress_.servers()[static_cast<size_t>(s)].clock;
-    int64_t fastest = -1;
-    const std::vector<WorkerLive>& live = progress_.workers();
-    for (size_t w = 0; w < live.size(); ++w) {
-      if (!members_.Gone(w) && live[w].reported) fastest = std::max(fastest, live[w].clock);
-    }
-    e.workers_clock_at_loss = fastest;
+    e.workers_clock_at_loss = progress_.FastestLiveClock(members_);
     e.recovered = "nothing yet: waiting for a replacement ps_server (--replicas=1)";
   }
   e.time = Elapsed();
@@ -594,11 +560,11 @@ Status CoordinatorJob::RemoveWorker(int w, bool dead, std::optional<bool> comple
   e.host = m.host;
   e.time = Elapsed();
   e.unix_time = UnixSeconds();  // of the detection, so that a test can measure it
-  if (dead) e.silent_seconds = silent;
   e.leases_returned = returned;
   e.completed_chunk_before_leaving = completed_chunk;
   e.recovered = std::to_string(returned) +
                 " data leases back to the queue; removed from the servers' clock tables";
+  if (dead) e.silent_seconds = silent;
   LOG(WARNING) << "worker " << w << (dead ? " declared dead" : " left") << ": "
                << e.ToJson().dump();
   if (dead) {
@@ -798,7 +764,7 @@ Status CoordinatorJob::WriteSummary(const Status& outcome, std::vector<ServerSum
   in.wall_seconds = std::chrono::duration<double>(Clock::now() - job_start_).count();
   in.train_seconds = members_.assembled() ? Elapsed() : 0.0;
   in.train_start_time = train_start_unix_;
-  in.cpu_seconds = CpuSeconds();
+  in.cpu_seconds = ProcessCpuSeconds();
   in.messages_during_training = messages_during_training_;
   in.eval = progress_.final_eval() ? progress_.final_eval() : progress_.last_eval();
   in.restored = checkpoints_.restored();
@@ -810,14 +776,7 @@ Status CoordinatorJob::WriteSummary(const Status& outcome, std::vector<ServerSum
   in.failures = failures_.ToJson();
   in.joins = failures_.JoinsJson();
   in.pushes_rolled_back = failures_.PushesRolledBack(&in.rollback_estimated);
-  const RunSummary summary = BuildSummary(in);
-  const std::string path = options_.run_dir + "/summary.json";
-  PS_RETURN_IF_ERROR(WriteJsonFile(path, summary.ToJson()));
-  std::printf("%s: test_acc %.4f  test_loss %.4f  %.0f ex/s  %.1fs wall  -> %s\n",
-              outcome.ok() ? "done" : "FAILED", summary.test_accuracy, summary.test_loss,
-              summary.examples_per_sec, in.wall_seconds, path.c_str());
-  std::fflush(stdout);
-  return Status::Ok();
+  return WriteRunSummary(BuildSummary(in), options_.run_dir);
 }
 
 }  // namespace
