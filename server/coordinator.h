@@ -35,7 +35,14 @@
 // epoch to resume at (the first one not wholly trained by that clock) and the LR iteration.
 // With --restore it hands the servers the set and the workers its clock and epoch.
 //
-// Thread model: one thread (the caller of Run) owns the socket and all state.
+// Parts: RunCoordinator's event loop owns the socket, decodes each request and sends what
+// the part that owns the state decided: who is in the job and alive
+// (server/coord_membership.h), data leases (coord_leases.h), the failure log
+// (coord_failures.h), the checkpoint record (coord_checkpoints.h), failover and server
+// replacement (coord_failover.h), the live view and console progress (coord_progress.h)
+// and summary.json (coord_summary.h; its type is common/run_summary.h).
+//
+// Thread model: one thread (the caller of RunCoordinator) owns the socket and all state.
 #pragma once
 
 #include <atomic>

@@ -11,6 +11,7 @@
 
 #include "common/heartbeat.h"
 #include "common/registration.h"
+#include "common/run_summary.h"
 #include "common/shard_map.h"
 #include "common/wire.h"
 #include "worker/group_trainer.h"
@@ -37,7 +38,7 @@ class CoordinatorSink final : public ProgressSink {
     client_ = client;
   }
   Status Report(const json& line) override {
-    if (metrics_ != nullptr && line.value("kind", "") == "train") {
+    if (metrics_ != nullptr && KindOf(line) == MetricsLineKind::kTrain) {
       metrics_->OnReport(line, client_->stats());
     }
     capnp::MallocMessageBuilder b;
@@ -310,29 +311,27 @@ Status TrainingLoop::ReportTraining(int epoch, double epoch_fraction, bool force
   }
   KVClientStats now = client_->stats();
   const uint64_t n = now.staleness_count - stats_at_report_.staleness_count;
-  json line = {
-      {"kind", "train"},
-      {"epoch", epoch},
-      {"epoch_fraction", epoch_fraction},
-      {"step", steps_},
-      {"clock", client_->clock()},
-      {"examples", interval_.examples},
-      {"loss", interval_.loss_sum / interval_.examples},
-      {"accuracy", static_cast<double>(interval_.correct) / interval_.examples},
-      {"examples_per_sec", interval_.examples / dt},
-      {"wait_seconds", interval_wait_},
-      {"clock_lag_max", interval_lag_},
-      {"staleness_mean",
-       n > 0 ? static_cast<double>(now.staleness_sum - stats_at_report_.staleness_sum) / n : 0.0},
-      {"staleness_max_total", now.staleness_max},
-      {"lr", now.last_learning_rate},
-  };
+  TrainLine line;
+  line.epoch = epoch;
+  line.epoch_fraction = epoch_fraction;
+  line.step = steps_;
+  line.clock = client_->clock();
+  line.examples = interval_.examples;
+  line.loss = interval_.loss_sum / interval_.examples;
+  line.accuracy = static_cast<double>(interval_.correct) / interval_.examples;
+  line.examples_per_sec = interval_.examples / dt;
+  line.wait_seconds = interval_wait_;
+  line.clock_lag_max = interval_lag_;
+  line.staleness_mean =
+      n > 0 ? static_cast<double>(now.staleness_sum - stats_at_report_.staleness_sum) / n : 0.0;
+  line.staleness_max_total = now.staleness_max;
+  line.lr = now.last_learning_rate;
   stats_at_report_ = now;
   interval_ = BatchResult();
   interval_wait_ = 0;
   interval_lag_ = 0;
   last_report_ = SteadyClock::now();
-  return sink_->Report(line);
+  return sink_->Report(line.ToJson());
 }
 
 Status TrainingLoop::TrainStep(std::span<const int64_t> examples, int epoch,
