@@ -55,9 +55,10 @@
 // table), so that the restored server's clock table learns where the worker stands.
 //
 // Thread model: all public methods are thread-safe. One internal I/O thread owns the
-// sockets (one DEALER per server); callers hand it requests through a queue and an
-// eventfd wakeup. Callers also build payload frames with a socket's NewFrame (which is
-// thread-safe), under sockets_mu_, the lock the I/O thread takes to replace a socket.
+// sockets (one DEALER per server; its side is kv_client_io.cc); callers hand it requests
+// through a queue and an eventfd wakeup. Callers also build payload frames with a socket's
+// NewFrame (which is thread-safe), under sockets_mu_, the lock the I/O thread takes to
+// replace a socket.
 #pragma once
 
 #include <atomic>

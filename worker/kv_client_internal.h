@@ -1,9 +1,10 @@
 // KVClient's request records, shared by its caller side (kv_client.cc) and its I/O thread
 // (kv_client_io.cc). Not part of the API: include worker/kv_client.h.
 //
-// Thread model: a Request and its Parts are built by the calling thread before Register
-// publishes them; after that, their fields are read and written under KVClient::mu_,
-// except a pull's `out` rows, which only the I/O thread writes, once per part.
+// Thread model: a Request and its Parts are built by the calling thread; once Register
+// publishes them, a Part's description (server, kind, rows, where its rows go) is read-only;
+// its frames and next_retry, and the Request's status, remaining, done and info, are guarded
+// by KVClient::mu_. A pull's `out` rows are written by the I/O thread alone, outside the lock.
 #pragma once
 
 #include <chrono>
