@@ -46,6 +46,25 @@ const rocksdb::WriteOptions& SpillWriteOptions() {
   return o;
 }
 
+// The spill tier's directory: `spill_dir`, created if missing, or (empty) a fresh one under
+// the system's temp directory.
+Result<std::string> MakeSpillDir(const std::string& spill_dir) {
+  std::error_code ec;
+  if (spill_dir.empty()) {
+    std::string tmpl = (std::filesystem::temp_directory_path(ec) / "ps-spill-XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) {
+      return Internal("spill tier: cannot create a directory like " + tmpl + ": " +
+                      std::strerror(errno));
+    }
+    return tmpl;
+  }
+  std::filesystem::create_directories(spill_dir, ec);
+  if (ec) {
+    return InvalidArgument("--spill_dir=" + spill_dir + " cannot be created: " + ec.message());
+  }
+  return spill_dir;
+}
+
 // The share of the budget that resident rows get, as numerator / 8.
 uint64_t RowEighths(SpillEngine engine) { return engine == SpillEngine::kFile ? 7 : 6; }
 
@@ -91,22 +110,7 @@ Result<std::unique_ptr<RowStore>> RowStore::Open(const TableSpec& spec, uint64_t
   if (capacity >= UINT32_MAX) return InvalidArgument("memory budget too large for one table");
   std::unique_ptr<RowStore> store(new RowStore(spec, seed, stride, capacity));
 
-  std::error_code ec;
-  if (options.spill_dir.empty()) {
-    std::string tmpl = (std::filesystem::temp_directory_path(ec) / "ps-spill-XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) {
-      return Internal("spill tier: cannot create a directory like " + tmpl + ": " +
-                      std::strerror(errno));
-    }
-    store->dir_ = tmpl;
-  } else {
-    store->dir_ = options.spill_dir;
-    std::filesystem::create_directories(store->dir_, ec);
-    if (ec) {
-      return InvalidArgument("--spill_dir=" + options.spill_dir +
-                             " cannot be created: " + ec.message());
-    }
-  }
+  PS_ASSIGN_OR_RETURN(store->dir_, MakeSpillDir(options.spill_dir));
 
   if (options.engine == SpillEngine::kFile) {
     // Sized for 8x the resident rows before it first doubles (a sparse file: the unused

@@ -258,7 +258,20 @@ class ServerCore {
   template <typename Fn>
   Status ParallelForEachRow(const Addressed& a, bool for_write, Fn fn);
   Result<Addressed> Address(uint32_t table_id, wire::Keys::Reader keys, const Frames& request);
+  // A push from a worker: refused from an evicted one; a retry of one applied already is
+  // answered again with the first reply (RecentRequests), not applied twice.
+  Result<Frames> HandlePushOnce(wire::Header::Reader h, const Frames& request);
+  // Checks a push in full, then applies it (ApplyPush).
   Result<Frames> HandlePush(wire::Header::Reader h, const Frames& request);
+  // A push that passed every check of HandlePush.
+  struct CheckedPush {
+    const Addressed& rows;
+    std::span<const float> grads;  // rows x width, widened to fp32
+    uint64_t staleness = 0;        // shard versions behind
+    size_t wire_bytes = 0;         // the values frame as it travelled
+  };
+  // Applies `checked` (or drops it as too stale, --max_grad_staleness) and builds the reply.
+  Result<Frames> ApplyPush(wire::Header::Reader h, const CheckedPush& checked);
   // Answers a pull now, or holds it (returns an empty Frames) while the bound blocks it.
   Result<Frames> HandlePull(const std::string& peer, DecodedHeader& decoded, Frames& request);
   Result<Frames> ServePull(const std::string& peer, wire::Header::Reader h, const Frames& request,
@@ -269,6 +282,7 @@ class ServerCore {
   // Grows the clock table for workers that joined (they start out of it).
   Status CheckWorker(int worker, const char* what);
   Frames ShutdownReply(uint64_t request_id);
+  Frames HeartbeatReply(uint64_t request_id);
   static Status CheckClock(int64_t clock, const char* what);
   // The slowest live worker's clock (INT64_MAX when none is live) and who it is.
   int64_t MinLiveClock(int* slowest = nullptr) const;

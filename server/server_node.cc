@@ -99,232 +99,303 @@ void ReportToCoordinator(ClientSocket& coordinator, ServerCore& core, uint64_t* 
   if (!s.ok()) LOG(WARNING) << "server " << core.server_id() << ": status report: " << s.ToString();
 }
 
-}  // namespace
+// One ServeUntilShutdown call. A turn of the loop takes care of reports and metrics,
+// receives at most one request (a batch's requests come one turn each), handles it, expires
+// held pulls, and sends the replies (held until the backup acknowledged what they answer).
+class RequestLoop {
+ public:
+  RequestLoop(ServerSocket& socket, ServerCore& core, const ServeOptions& options)
+      : socket_(socket), core_(core), options_(options), link_(options.backup_link) {
+    // Pull replies are built where the socket sends them from (a peer's shared-memory ring
+    // on ipc://); every reply goes out through `socket` on this thread.
+    core_.set_frame_allocator(
+        [&socket](const std::string& peer, size_t bytes) { return socket.NewFrame(peer, bytes); });
+    next_report_ = ServerCore::Clock::now();
+    next_metrics_ = next_report_;
+    reported_checkpoint_ = core_.last_checkpoint_clock();
+  }
+  ~RequestLoop() { core_.set_frame_allocator(nullptr); }
+  RequestLoop(const RequestLoop&) = delete;
+  RequestLoop& operator=(const RequestLoop&) = delete;
 
-Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::atomic<bool>& stop,
-                          std::chrono::milliseconds poll_interval, ClientSocket* coordinator,
-                          std::chrono::milliseconds report_interval, ServerMetrics* metrics,
-                          BackupStore* backups, BackupLink* backup_link,
-                          const HeartbeatSender* heartbeat) {
-  // Pull replies are built where the socket sends them from (a peer's shared-memory ring
-  // on ipc://); every reply goes out through `socket` on this thread.
-  core.set_frame_allocator(
-      [&socket](const std::string& peer, size_t bytes) { return socket.NewFrame(peer, bytes); });
-  struct Unset {
-    ServerCore& core;
-    ~Unset() { core.set_frame_allocator(nullptr); }
-  } unset{core};
-  std::vector<Outgoing> out;
-  auto send = [&](std::vector<Outgoing>& replies) {
-    for (Outgoing& o : replies) {
-      Status sent = socket.Send(o.peer, std::move(o.frames));
-      if (!sent.ok()) {
-        // The peer left before its reply; nothing to do for it, keep serving the others.
-        LOG(WARNING) << "server " << core.server_id() << ": " << sent.ToString();
-      }
-    }
-    replies.clear();
-  };
-  // Replies held until the backup acknowledged forward number `need` (0: none needed).
+  Status Run(const std::atomic<bool>& stop);
+
+ private:
+  // A reply held until the backup acknowledged forward number `need` (0: none needed).
   struct HeldReply {
     uint64_t need;
     Outgoing reply;
   };
-  std::deque<HeldReply> held;
-  std::vector<Outgoing> ready;
-  auto release_acknowledged = [&] {
-    const uint64_t acked = backup_link->Poll(ServerCore::Clock::now());
-    const bool fenced = backup_link->fenced();
-    while (!held.empty() && ((backup_link->down() && !fenced) || held.front().need <= acked)) {
-      ready.push_back(std::move(held.front().reply));
-      held.pop_front();
-    }
-    send(ready);
-    // Declared dead and replaced: what the backup did not acknowledge is never answered
-    // (the workers resend it to the promoted backup).
-    if (fenced) held.clear();
-  };
-  uint64_t report_id = 0;
-  int64_t checkpoint_asked = -1;
+
+  // The heartbeat's verdict, metrics, and the coordinator's reports, before a request.
+  Status Housekeep();
+  // The next request, or DeadlineExceeded when none came within the poll interval.
+  Result<Incoming> Receive();
+  // Handles one request: the core's replies go to *out, the others are sent here. False
+  // when the request was refused, which ends the turn.
+  bool Dispatch(Incoming& in, std::vector<Outgoing>* out, ServerCore::After* after);
+  // A request for shards this server does not serve (another server's, not promoted here).
+  void RefuseForeign(const Incoming& in, int target);
+  void Promote(Incoming& in);
+  // After a failover: a request for the shards of dead primary `target`, promoted here.
+  void ServePromoted(ServerCore& promoted, int target, Incoming& in);
+  void ExpireHeldPulls(std::vector<Outgoing>* out);
+  // Sends `out` (emptied), each reply once the backup has everything applied before it,
+  // then flushes the socket.
+  void SendReplies(std::vector<Outgoing>& out, ServerCore::After after);
+  void Send(std::vector<Outgoing>& replies);
+  void ReleaseAcknowledged();
+  std::string Who() const { return "server " + std::to_string(core_.server_id()); }
+
+  ServerSocket& socket_;
+  ServerCore& core_;
+  const ServeOptions& options_;
+  BackupLink* const link_;
+  std::deque<HeldReply> held_;  // in arrival order
+  std::vector<Outgoing> ready_;
+  uint64_t report_id_ = 0;
+  int64_t checkpoint_asked_ = -1;
   // Failover: when the first pull of each promoted primary's shards was served here.
-  std::map<int, double> first_pull_after_promotion;
-  auto next_report = ServerCore::Clock::now();
-  auto next_metrics = next_report;
-  int64_t reported_checkpoint = core.last_checkpoint_clock();
+  std::map<int, double> first_pull_after_promotion_;
+  ServerCore::Clock::time_point next_report_, next_metrics_;
+  int64_t reported_checkpoint_ = 0;
+};
+
+Status RequestLoop::Run(const std::atomic<bool>& stop) {
+  std::vector<Outgoing> out;
   while (!stop.load(std::memory_order_relaxed)) {
-    if (heartbeat != nullptr && heartbeat->evicted()) {
-      LOG(ERROR) << "server " << core.server_id()
-                 << ": declared dead and replaced by another process; stopping";
-      return FailedPrecondition("server " + std::to_string(core.server_id()) +
-                                " was declared dead and replaced");
-    }
-    if (core.last_checkpoint_clock() != reported_checkpoint) {
-      // A new checkpoint: report now, so that the coordinator records the set soon after.
-      reported_checkpoint = core.last_checkpoint_clock();
-      next_report = ServerCore::Clock::now();
-    }
-    if (metrics != nullptr && ServerCore::Clock::now() >= next_metrics) {
-      metrics->Update(core);
-      next_metrics = ServerCore::Clock::now() + std::chrono::milliseconds(250);
-    }
-    if (coordinator != nullptr && report_interval.count() > 0 &&
-        ServerCore::Clock::now() >= next_report) {
-      ReportToCoordinator(*coordinator, core, &report_id, first_pull_after_promotion);
-      next_report = ServerCore::Clock::now() + report_interval;
-    }
-    if (coordinator != nullptr) DrainReportReplies(*coordinator, core, &checkpoint_asked);
-    Result<Incoming> in = DeadlineExceeded("");
-    if (socket.HasQueued()) {
-      in = socket.Recv(std::chrono::milliseconds(0));  // the rest of a batch
-    } else if (backup_link != nullptr && !backup_link->down()) {
-      // Wake for a request or for the backup's acknowledgements, whichever comes first.
-      zmq::pollitem_t items[] = {{socket.PollHandle().handle(), 0, ZMQ_POLLIN, 0},
-                                 {backup_link->PollHandle().handle(), 0, ZMQ_POLLIN, 0}};
-      const auto wait = held.empty() ? poll_interval : std::chrono::milliseconds(10);
-      PollSockets(items, 2, wait);
-      if (items[0].revents & ZMQ_POLLIN) in = socket.Recv(std::chrono::milliseconds(0));
-    } else {
-      in = socket.Recv(poll_interval);
-    }
+    PS_RETURN_IF_ERROR(Housekeep());
+    Result<Incoming> in = Receive();
     ServerCore::After after = ServerCore::After::kContinue;
     out.clear();
-    if (in.ok() && in->too_many_frames) {
-      out.push_back(Outgoing{in->peer, ErrorReply(0, core.server_id(),
-                                                  InvalidArgument("message has too many frames "
-                                                                  "(see --max_frames)"))});
-    } else if (in.ok() && !in->bad_frame.ok()) {
-      out.push_back(Outgoing{in->peer, ErrorReply(0, core.server_id(), in->bad_frame)});
-    } else if (in.ok()) {
-      const RequestKind kind = (backups != nullptr || backup_link != nullptr) ? Classify(in->frames)
-                                                                              : RequestKind::kOther;
-      // After a failover, requests for a dead primary's shards go to its promoted core.
-      ServerCore* promoted = nullptr;
-      int target = -1;
-      if (backups != nullptr && kind != RequestKind::kReplicate) {
-        target = TargetServer(in->frames);
-        if (target >= 0 && target != core.server_id()) {
-          promoted = backups->promoted(target);
-          if (promoted == nullptr) {
-            Result<DecodedHeader> h = DecodedHeader::Decode(in->frames[0]);
-            uint64_t rid = 0;
-            try {
-              if (h.ok()) rid = h->get().getRequestId();
-            } catch (const std::exception&) {
-            }
-            std::vector<Outgoing> refused;
-            refused.push_back(Outgoing{
-                in->peer, ErrorReply(rid, core.server_id(),
-                                     Unavailable("server " + std::to_string(core.server_id()) +
-                                                 " does not serve the shards of server " +
-                                                 std::to_string(target)))});
-            send(refused);
-            continue;
-          }
-        }
-      }
-      if (kind == RequestKind::kPromote) {
-        std::vector<Outgoing> ack;
-        ack.push_back(Outgoing{
-            in->peer, backups != nullptr
-                          ? backups->HandlePromote(in->frames)
-                          : ErrorReply(0, core.server_id(), FailedPrecondition("not a backup"))});
-        // The dead primary may be this server's own backup (S = 2): stop waiting on it.
-        if (backups != nullptr && backup_link != nullptr) {
-          for (int p : backups->primaries()) {
-            if (p == backups->backup_of_self() && backups->is_promoted(p)) {
-              backup_link->Abandon(Unavailable("server " + std::to_string(p) +
-                                               " was declared dead by the coordinator"));
-            }
-          }
-        }
-        send(ack);
-      } else if (promoted != nullptr) {
-        // Served without a backup (the backup was the dead primary's only copy); replies go
-        // at once. A held pull's reply comes out of a later clock tick or the expiry below.
-        std::vector<Outgoing> replies;
-        ServerCore::After ignored = ServerCore::After::kContinue;
-        promoted->Handle(in->peer, in->frames, &replies, &ignored);
-        send(replies);
-        // stats() sums over tables: asked only until the first pull was served.
-        if (first_pull_after_promotion.count(target) == 0 && promoted->stats().pulls_served > 0) {
-          const double t = UnixSeconds();
-          first_pull_after_promotion[target] = t;
-          next_report = ServerCore::Clock::now();  // tell the coordinator now
-          LOG(WARNING) << "server " << core.server_id() << ": served the first pull of server "
-                       << target << "'s shards since the promotion";
-        }
-      } else if (kind == RequestKind::kReplicate) {
-        // Acknowledged at once, never held behind this server's own forwards: with two
-        // servers backing up each other, holding would make each wait on the other.
-        std::vector<Outgoing> ack;
-        ack.push_back(Outgoing{
-            in->peer, backups != nullptr
-                          ? backups->Handle(in->frames)
-                          : ErrorReply(0, core.server_id(), FailedPrecondition("not a backup"))});
-        send(ack);
-      } else if (kind == RequestKind::kChangesState && backup_link != nullptr &&
-                 !backup_link->down()) {
-        // Chain replication: apply here, then have the backup apply the same request; the
-        // replies wait (below) until the backup acknowledged it.
-        // The forward shares the request's payload buffers (the core only reads a push).
-        Frames forward = ShareFrames(in->frames);
-        core.Handle(in->peer, in->frames, &out, &after);
-        (void)backup_link->Send(std::move(forward));  // a failure marks the link down, logged
-      } else {
-        core.Handle(in->peer, in->frames, &out, &after);
-      }
+    if (in.ok()) {
+      if (!Dispatch(*in, &out, &after)) continue;
     } else if (in.status().code() != StatusCode::kDeadlineExceeded) {
       return in.status();
     }
-    core.ExpireHeldPulls(ServerCore::Clock::now(), &out);
-    if (backups != nullptr && backups->any_promoted()) {
-      std::vector<Outgoing> expired;
-      for (ServerCore* p : backups->promoted_cores()) {
-        p->ExpireHeldPulls(ServerCore::Clock::now(), &expired);
-      }
-      send(expired);
-    }
-    if (backup_link != nullptr) {
-      // Replies leave in order, each once the backup has everything applied before it.
-      const uint64_t need = backup_link->down() ? 0 : backup_link->sent();
-      for (Outgoing& o : out) held.push_back(HeldReply{need, std::move(o)});
-      out.clear();
-      release_acknowledged();
-      if (after == ServerCore::After::kShutdown) {
-        // Send the last replies once the backup has them, or it is gone.
-        while (!held.empty()) {
-          zmq::pollitem_t item = {backup_link->PollHandle().handle(), 0, ZMQ_POLLIN, 0};
-          if (!backup_link->down()) PollSockets(&item, 1, std::chrono::milliseconds(10));
-          release_acknowledged();
-        }
-      }
-    }
-    send(out);
-    // Replies to a batch leave together once its last request was handled.
-    if (Status s = socket.Flush(); !s.ok()) {
-      LOG(WARNING) << "server " << core.server_id() << ": " << s.ToString();
-    }
-    if (backup_link != nullptr && backup_link->fenced()) {
-      LOG(ERROR) << "server " << core.server_id()
-                 << ": the backup was promoted (this server was declared dead); stopping";
-      return FailedPrecondition("server " + std::to_string(core.server_id()) +
-                                " was declared dead and its backup promoted");
+    ExpireHeldPulls(&out);
+    SendReplies(out, after);
+    if (link_ != nullptr && link_->fenced()) {
+      LOG(ERROR) << Who() << ": the backup was promoted (this server was declared dead); stopping";
+      return FailedPrecondition(Who() + " was declared dead and its backup promoted");
     }
     if (after == ServerCore::After::kShutdown) {
-      LOG(INFO) << "server " << core.server_id() << ": shutdown requested";
+      LOG(INFO) << Who() << ": shutdown requested";
       return Status::Ok();
     }
   }
   return Aborted("server stopped by signal");
 }
 
-Status RunServer(const ServerOptions& options, Transport* transport,
-                 const std::atomic<bool>& stop) {
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerSocket> socket, transport->Listen(options.listen));
-  LOG(INFO) << "server listening on " << socket->BoundEndpoint();
+Status RequestLoop::Housekeep() {
+  if (options_.heartbeat != nullptr && options_.heartbeat->evicted()) {
+    LOG(ERROR) << Who() << ": declared dead and replaced by another process; stopping";
+    return FailedPrecondition(Who() + " was declared dead and replaced");
+  }
+  if (core_.last_checkpoint_clock() != reported_checkpoint_) {
+    // A new checkpoint: report now, so that the coordinator records the set soon after.
+    reported_checkpoint_ = core_.last_checkpoint_clock();
+    next_report_ = ServerCore::Clock::now();
+  }
+  if (options_.metrics != nullptr && ServerCore::Clock::now() >= next_metrics_) {
+    options_.metrics->Update(core_);
+    next_metrics_ = ServerCore::Clock::now() + std::chrono::milliseconds(250);
+  }
+  if (options_.coordinator == nullptr) return Status::Ok();
+  if (options_.report_interval.count() > 0 && ServerCore::Clock::now() >= next_report_) {
+    ReportToCoordinator(*options_.coordinator, core_, &report_id_, first_pull_after_promotion_);
+    next_report_ = ServerCore::Clock::now() + options_.report_interval;
+  }
+  DrainReportReplies(*options_.coordinator, core_, &checkpoint_asked_);
+  return Status::Ok();
+}
+
+Result<Incoming> RequestLoop::Receive() {
+  if (socket_.HasQueued()) return socket_.Recv(std::chrono::milliseconds(0));  // rest of a batch
+  if (link_ == nullptr || link_->down()) return socket_.Recv(options_.poll_interval);
+  // Wake for a request or for the backup's acknowledgements, whichever comes first.
+  zmq::pollitem_t items[] = {{socket_.PollHandle().handle(), 0, ZMQ_POLLIN, 0},
+                             {link_->PollHandle().handle(), 0, ZMQ_POLLIN, 0}};
+  const auto wait = held_.empty() ? options_.poll_interval : std::chrono::milliseconds(10);
+  PollSockets(items, 2, wait);
+  if (items[0].revents & ZMQ_POLLIN) return socket_.Recv(std::chrono::milliseconds(0));
+  return DeadlineExceeded("");
+}
+
+bool RequestLoop::Dispatch(Incoming& in, std::vector<Outgoing>* out, ServerCore::After* after) {
+  if (in.too_many_frames) {
+    out->push_back(Outgoing{
+        in.peer, ErrorReply(0, core_.server_id(),
+                            InvalidArgument("message has too many frames (see --max_frames)"))});
+    return true;
+  }
+  if (!in.bad_frame.ok()) {
+    out->push_back(Outgoing{in.peer, ErrorReply(0, core_.server_id(), in.bad_frame)});
+    return true;
+  }
+  BackupStore* backups = options_.backups;
+  const RequestKind kind =
+      (backups != nullptr || link_ != nullptr) ? Classify(in.frames) : RequestKind::kOther;
+  // After a failover, requests for a dead primary's shards go to its promoted core.
+  ServerCore* promoted = nullptr;
+  int target = -1;
+  if (backups != nullptr && kind != RequestKind::kReplicate) {
+    target = TargetServer(in.frames);
+    if (target >= 0 && target != core_.server_id()) {
+      promoted = backups->promoted(target);
+      if (promoted == nullptr) {
+        RefuseForeign(in, target);
+        return false;
+      }
+    }
+  }
+  if (kind == RequestKind::kPromote) {
+    Promote(in);
+  } else if (promoted != nullptr) {
+    ServePromoted(*promoted, target, in);
+  } else if (kind == RequestKind::kReplicate) {
+    // Acknowledged at once, never held behind this server's own forwards: with two
+    // servers backing up each other, holding would make each wait on the other.
+    std::vector<Outgoing> ack;
+    ack.push_back(Outgoing{
+        in.peer, backups != nullptr
+                     ? backups->Handle(in.frames)
+                     : ErrorReply(0, core_.server_id(), FailedPrecondition("not a backup"))});
+    Send(ack);
+  } else if (kind == RequestKind::kChangesState && link_ != nullptr && !link_->down()) {
+    // Chain replication: apply here, then have the backup apply the same request; the
+    // replies wait (SendReplies) until the backup acknowledged it.
+    // The forward shares the request's payload buffers (the core only reads a push).
+    Frames forward = ShareFrames(in.frames);
+    core_.Handle(in.peer, in.frames, out, after);
+    (void)link_->Send(std::move(forward));  // a failure marks the link down, logged
+  } else {
+    core_.Handle(in.peer, in.frames, out, after);
+  }
+  return true;
+}
+
+void RequestLoop::RefuseForeign(const Incoming& in, int target) {
+  Result<DecodedHeader> h = DecodedHeader::Decode(in.frames[0]);
+  uint64_t rid = 0;
+  try {
+    if (h.ok()) rid = h->get().getRequestId();
+  } catch (const std::exception&) {
+  }
+  std::vector<Outgoing> refused;
+  refused.push_back(
+      Outgoing{in.peer, ErrorReply(rid, core_.server_id(),
+                                   Unavailable(Who() + " does not serve the shards of server " +
+                                               std::to_string(target)))});
+  Send(refused);
+}
+
+void RequestLoop::Promote(Incoming& in) {
+  BackupStore* backups = options_.backups;
+  std::vector<Outgoing> ack;
+  ack.push_back(Outgoing{
+      in.peer, backups != nullptr
+                   ? backups->HandlePromote(in.frames)
+                   : ErrorReply(0, core_.server_id(), FailedPrecondition("not a backup"))});
+  // The dead primary may be this server's own backup (S = 2): stop waiting on it.
+  if (backups != nullptr && link_ != nullptr) {
+    for (int p : backups->primaries()) {
+      if (p == backups->backup_of_self() && backups->is_promoted(p)) {
+        link_->Abandon(
+            Unavailable("server " + std::to_string(p) + " was declared dead by the coordinator"));
+      }
+    }
+  }
+  Send(ack);
+}
+
+void RequestLoop::ServePromoted(ServerCore& promoted, int target, Incoming& in) {
+  // Served without a backup (the backup was the dead primary's only copy); replies go at
+  // once. A held pull's reply comes out of a later clock tick or ExpireHeldPulls.
+  std::vector<Outgoing> replies;
+  ServerCore::After ignored = ServerCore::After::kContinue;
+  promoted.Handle(in.peer, in.frames, &replies, &ignored);
+  Send(replies);
+  // stats() sums over tables: asked only until the first pull was served.
+  if (first_pull_after_promotion_.count(target) == 0 && promoted.stats().pulls_served > 0) {
+    first_pull_after_promotion_[target] = UnixSeconds();
+    next_report_ = ServerCore::Clock::now();  // tell the coordinator now
+    LOG(WARNING) << Who() << ": served the first pull of server " << target
+                 << "'s shards since the promotion";
+  }
+}
+
+void RequestLoop::ExpireHeldPulls(std::vector<Outgoing>* out) {
+  core_.ExpireHeldPulls(ServerCore::Clock::now(), out);
+  if (options_.backups == nullptr || !options_.backups->any_promoted()) return;
+  std::vector<Outgoing> expired;
+  for (ServerCore* p : options_.backups->promoted_cores()) {
+    p->ExpireHeldPulls(ServerCore::Clock::now(), &expired);
+  }
+  Send(expired);
+}
+
+void RequestLoop::SendReplies(std::vector<Outgoing>& out, ServerCore::After after) {
+  if (link_ != nullptr) {
+    // Replies leave in order, each once the backup has everything applied before it.
+    const uint64_t need = link_->down() ? 0 : link_->sent();
+    for (Outgoing& o : out) held_.push_back(HeldReply{need, std::move(o)});
+    out.clear();
+    ReleaseAcknowledged();
+    if (after == ServerCore::After::kShutdown) {
+      // Send the last replies once the backup has them, or it is gone.
+      while (!held_.empty()) {
+        zmq::pollitem_t item = {link_->PollHandle().handle(), 0, ZMQ_POLLIN, 0};
+        if (!link_->down()) PollSockets(&item, 1, std::chrono::milliseconds(10));
+        ReleaseAcknowledged();
+      }
+    }
+  }
+  Send(out);
+  // Replies to a batch leave together once its last request was handled.
+  if (Status s = socket_.Flush(); !s.ok()) LOG(WARNING) << Who() << ": " << s.ToString();
+}
+
+void RequestLoop::Send(std::vector<Outgoing>& replies) {
+  for (Outgoing& o : replies) {
+    Status sent = socket_.Send(o.peer, std::move(o.frames));
+    if (!sent.ok()) {
+      // The peer left before its reply; nothing to do for it, keep serving the others.
+      LOG(WARNING) << Who() << ": " << sent.ToString();
+    }
+  }
+  replies.clear();
+}
+
+void RequestLoop::ReleaseAcknowledged() {
+  const uint64_t acked = link_->Poll(ServerCore::Clock::now());
+  const bool fenced = link_->fenced();
+  while (!held_.empty() && ((link_->down() && !fenced) || held_.front().need <= acked)) {
+    ready_.push_back(std::move(held_.front().reply));
+    held_.pop_front();
+  }
+  Send(ready_);
+  // Declared dead and replaced: what the backup did not acknowledge is never answered
+  // (the workers resend it to the promoted backup).
+  if (fenced) held_.clear();
+}
+
+}  // namespace
+
+Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::atomic<bool>& stop,
+                          const ServeOptions& options) {
+  RequestLoop loop(socket, core, options);
+  return loop.Run(stop);
+}
+
+namespace {
+
+// Registers the server listening on `socket` with the coordinator.
+Result<Registration> RegisterServer(const ServerOptions& options, Transport* transport,
+                                    const ServerSocket& socket) {
   RegisterRequest req;
   req.is_server = true;
-  req.endpoint = socket->BoundEndpoint();
+  req.endpoint = socket.BoundEndpoint();
   req.requested_id = options.requested_id;
   PS_ASSIGN_OR_RETURN(Registration reg, RegisterWithCoordinator(transport, options.coordinator, req,
                                                                 options.register_timeout));
@@ -337,6 +408,11 @@ Status RunServer(const ServerOptions& options, Transport* transport,
                  << (reg.restore_set.empty() ? std::string("nothing (initial values)")
                                              : reg.restore_set);
   }
+  return reg;
+}
+
+Result<std::unique_ptr<ServerCore>> MakeCore(const Registration& reg,
+                                             const ServerOptions& options) {
   const auto restore_start = ServerCore::Clock::now();
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerCore> core,
                       ServerCore::Create(reg.config, reg.id, options.store));
@@ -346,7 +422,10 @@ Status RunServer(const ServerOptions& options, Transport* transport,
         std::chrono::duration<double>(ServerCore::Clock::now() - restore_start).count());
   }
   core->set_limits(options.limits);
-  // Heartbeats from a thread of their own while serving (common/heartbeat.h).
+  return core;
+}
+
+HeartbeatOptions ServerHeartbeat(const Registration& reg, const ServerOptions& options) {
   HeartbeatOptions hopt;
   hopt.coordinator = options.coordinator;
   hopt.is_server = true;
@@ -356,68 +435,106 @@ Status RunServer(const ServerOptions& options, Transport* transport,
   hopt.coordinator_timeout =
       std::chrono::milliseconds(static_cast<int64_t>(reg.config.heartbeat_timeout * 3000));
   hopt.on_coordinator_lost = options.on_coordinator_lost;
+  return hopt;
+}
+
+// Replication (server/replication.h): this server backs up its predecessor's shards and
+// forwards its own state changes to its successor. Nothing without --replicas=2.
+Status StartReplication(const Registration& reg, const ServerOptions& options, Transport* transport,
+                        std::optional<BackupStore>* backups,
+                        std::unique_ptr<BackupLink>* backup_link) {
+  const int backup = BackupOf(reg.config, reg.id);
+  if (backup < 0) return Status::Ok();
+  backups->emplace(reg.config, reg.id, options.store);
+  if (static_cast<size_t>(backup) >= reg.server_endpoints.size()) {
+    return Internal("no endpoint for backup server " + std::to_string(backup));
+  }
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> link,
+                      transport->Connect(reg.server_endpoints[static_cast<size_t>(backup)]));
+  // A backup that does not answer within the heartbeat timeout is dead to the
+  // coordinator too.
+  *backup_link = std::make_unique<BackupLink>(
+      std::move(link), reg.id,
+      std::chrono::milliseconds(static_cast<int64_t>(reg.config.heartbeat_timeout * 1000)));
+  LOG(INFO) << "server " << reg.id << ": replicating to server " << backup;
+  return Status::Ok();
+}
+
+// Stopped by a signal: keeps what was trained since the last checkpoint, unless one at
+// this clock already stands (it is the consistent one).
+void CheckpointOnStop(ServerCore& core) {
+  const int64_t clock = core.CheckpointClock();
+  if (clock <= core.last_checkpoint_clock()) return;
+  Status c = core.WriteCheckpoint(clock);
+  if (!c.ok())
+    LOG(ERROR) << "server " << core.server_id() << ": checkpoint on stop: " << c.ToString();
+}
+
+// Writes the model to --export_dir; the copies this server holds as a backup go beside it,
+// so that they can be checked against their primaries' exports (equal bit for bit: they
+// applied the same requests in order). Only the server's own export decides the outcome.
+Status ExportModel(const std::string& dir, ServerCore& core, BackupStore* backups) {
+  const std::string id = std::to_string(core.server_id());
+  std::string path = dir + "/server-" + id + ".safetensors";
+  Status e = MakeDirs(dir);
+  if (e.ok()) e = core.ExportSafetensors(path);
+  if (e.ok()) {
+    LOG(INFO) << "server " << id << ": model written to " << path;
+  } else {
+    LOG(ERROR) << "server " << id << ": export failed: " << e.ToString();
+  }
+  for (int p : backups != nullptr ? backups->primaries() : std::vector<int>{}) {
+    // A promoted copy is that server's model now.
+    std::string copy = dir + "/server-" + std::to_string(p) +
+                       (backups->is_promoted(p) ? ".safetensors" : ".backup.safetensors");
+    Status b = backups->shadow(p)->ExportSafetensors(copy);
+    if (!b.ok()) LOG(ERROR) << "server " << id << ": backup export failed: " << b.ToString();
+  }
+  return e;
+}
+
+void LogDone(const ServerCore& core) {
+  ServerStats st = core.stats();
+  LOG(INFO) << "server " << core.server_id() << " done: pushes applied " << st.pushes_applied
+            << ", rejected " << st.pushes_rejected << ", pulls " << st.pulls_served
+            << ", rows held " << st.rows_held << " (in memory " << st.rows_in_memory << ", spilled "
+            << st.rows_spilled << "), cache hits " << st.cache_hits << ", misses "
+            << st.cache_misses << ", RocksDB bytes read " << st.spill_bytes_read << ", written "
+            << st.spill_bytes_written << ", peak RSS " << st.peak_rss_bytes;
+}
+
+}  // namespace
+
+Status RunServer(const ServerOptions& options, Transport* transport,
+                 const std::atomic<bool>& stop) {
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerSocket> socket, transport->Listen(options.listen));
+  LOG(INFO) << "server listening on " << socket->BoundEndpoint();
+  PS_ASSIGN_OR_RETURN(Registration reg, RegisterServer(options, transport, *socket));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ServerCore> core, MakeCore(reg, options));
+  // Heartbeats from a thread of their own while serving (common/heartbeat.h).
   PS_ASSIGN_OR_RETURN(std::unique_ptr<HeartbeatSender> heartbeat,
-                      HeartbeatSender::Start(transport, hopt));
+                      HeartbeatSender::Start(transport, ServerHeartbeat(reg, options)));
   std::optional<ServerMetrics> metrics;
   if (options.metrics != nullptr) metrics.emplace(options.metrics);
-  // Replication (server/replication.h): this server backs up its predecessor's shards and
-  // forwards its own state changes to its successor.
   std::optional<BackupStore> backups;
   std::unique_ptr<BackupLink> backup_link;
-  const int backup = BackupOf(reg.config, reg.id);
-  if (backup >= 0) {
-    backups.emplace(reg.config, reg.id, options.store);
-    if (static_cast<size_t>(backup) >= reg.server_endpoints.size()) {
-      return Internal("no endpoint for backup server " + std::to_string(backup));
-    }
-    PS_ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> link,
-                        transport->Connect(reg.server_endpoints[static_cast<size_t>(backup)]));
-    // A backup that does not answer within the heartbeat timeout is dead to the
-    // coordinator too.
-    backup_link = std::make_unique<BackupLink>(
-        std::move(link), reg.id,
-        std::chrono::milliseconds(static_cast<int64_t>(reg.config.heartbeat_timeout * 1000)));
-    LOG(INFO) << "server " << reg.id << ": replicating to server " << backup;
-  }
-  Status s = ServeUntilShutdown(*socket, *core, stop, options.poll_interval, reg.coordinator.get(),
-                                options.report_interval, metrics ? &*metrics : nullptr,
-                                backups ? &*backups : nullptr, backup_link.get(), heartbeat.get());
+  PS_RETURN_IF_ERROR(StartReplication(reg, options, transport, &backups, &backup_link));
+  ServeOptions serve;
+  serve.poll_interval = options.poll_interval;
+  serve.coordinator = reg.coordinator.get();
+  serve.report_interval = options.report_interval;
+  serve.metrics = metrics ? &*metrics : nullptr;
+  serve.backups = backups ? &*backups : nullptr;
+  serve.backup_link = backup_link.get();
+  serve.heartbeat = heartbeat.get();
+  Status s = ServeUntilShutdown(*socket, *core, stop, serve);
   if (s.code() == StatusCode::kAborted && !reg.config.checkpoint_dir.empty()) {
-    // Stopped by a signal: keep what was trained since the last checkpoint, unless one at
-    // this clock already stands (it is the consistent one).
-    const int64_t clock = core->CheckpointClock();
-    if (clock > core->last_checkpoint_clock()) {
-      Status c = core->WriteCheckpoint(clock);
-      if (!c.ok()) LOG(ERROR) << "server " << reg.id << ": checkpoint on stop: " << c.ToString();
-    }
+    CheckpointOnStop(*core);
   }
   if (s.ok() && !options.export_dir.empty()) {
-    std::string path = options.export_dir + "/server-" + std::to_string(reg.id) + ".safetensors";
-    Status e = MakeDirs(options.export_dir);
-    if (e.ok()) e = core->ExportSafetensors(path);
-    if (e.ok()) {
-      LOG(INFO) << "server " << reg.id << ": model written to " << path;
-    } else {
-      LOG(ERROR) << "server " << reg.id << ": export failed: " << e.ToString();
-      s = e;
-    }
-    // The copies this server holds as a backup, so that they can be checked against their
-    // primaries' exports (equal bit for bit: they applied the same requests in order).
-    for (int p : backups ? backups->primaries() : std::vector<int>{}) {
-      // A promoted copy is that server's model now.
-      std::string copy = options.export_dir + "/server-" + std::to_string(p) +
-                         (backups->is_promoted(p) ? ".safetensors" : ".backup.safetensors");
-      Status b = backups->shadow(p)->ExportSafetensors(copy);
-      if (!b.ok()) LOG(ERROR) << "server " << reg.id << ": backup export failed: " << b.ToString();
-    }
+    s = ExportModel(options.export_dir, *core, backups ? &*backups : nullptr);
   }
-  ServerStats st = core->stats();
-  LOG(INFO) << "server " << reg.id << " done: pushes applied " << st.pushes_applied << ", rejected "
-            << st.pushes_rejected << ", pulls " << st.pulls_served << ", rows held " << st.rows_held
-            << " (in memory " << st.rows_in_memory << ", spilled " << st.rows_spilled
-            << "), cache hits " << st.cache_hits << ", misses " << st.cache_misses
-            << ", RocksDB bytes read " << st.spill_bytes_read << ", written "
-            << st.spill_bytes_written << ", peak RSS " << st.peak_rss_bytes;
+  LogDone(*core);
   return s;
 }
 

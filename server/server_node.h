@@ -52,24 +52,35 @@ struct ServerOptions {
   std::function<void()> on_coordinator_lost;
 };
 
+// How ServeUntilShutdown serves, beyond the socket, core and stop flag it is given. Every
+// pointer is borrowed, may be null (the feature is then off) and must outlive the call.
+struct ServeOptions {
+  // How often the loop looks at `stop` while idle.
+  std::chrono::milliseconds poll_interval{200};
+  // The coordinator's socket: a status report (ServerStatusJson) goes to it every
+  // report_interval; its replies are drained without waiting, and a failed report is only
+  // logged. nullptr: no reports.
+  ClientSocket* coordinator = nullptr;
+  // How often a report goes to `coordinator`; 0: never.
+  std::chrono::milliseconds report_interval{1000};
+  // Brought up to date with the core's counters every quarter second. nullptr: none.
+  ServerMetrics* metrics = nullptr;
+  // The copies this server holds of the shards it backs up (server/replication.h):
+  // `replicate` and `promote` messages go to them. nullptr: refused.
+  BackupStore* backups = nullptr;
+  // This server's own backup: each push, clock tick and evict is forwarded to it after the
+  // core applied it, and its replies wait until the backup acknowledged it. When the backup
+  // stops answering, the server logs it and goes on without replication. nullptr: none.
+  BackupLink* backup_link = nullptr;
+  // When its replies say this server was declared dead and replaced (--replicas=1), the
+  // loop ends with FailedPrecondition. nullptr: not asked.
+  const HeartbeatSender* heartbeat = nullptr;
+};
+
 // Answers requests on `socket` with `core` until a shutdown request has been answered or
-// *stop becomes true. Returns the first transport error. With a `coordinator` socket, a
-// status report (ServerStatusJson) goes to it every `report_interval`; its replies are
-// drained without waiting, and a failed report is only logged. With `metrics`, they are
-// brought up to date every quarter second.
-// Replication (server/replication.h): `replicate` messages go to `backups` (refused
-// without); with a `backup_link`, each push, clock tick and evict is forwarded to the
-// backup after `core` applied it and before its replies are sent. When the backup stops
-// answering, the server logs it and goes on without replication.
-// With a `heartbeat` whose replies say this server was declared dead and replaced
-// (--replicas=1), the loop ends with FailedPrecondition.
-Status ServeUntilShutdown(
-    ServerSocket& socket, ServerCore& core, const std::atomic<bool>& stop,
-    std::chrono::milliseconds poll_interval = std::chrono::milliseconds(200),
-    ClientSocket* coordinator = nullptr,
-    std::chrono::milliseconds report_interval = std::chrono::milliseconds(1000),
-    ServerMetrics* metrics = nullptr, BackupStore* backups = nullptr,
-    BackupLink* backup_link = nullptr, const HeartbeatSender* heartbeat = nullptr);
+// `stop` becomes true (then Aborted). Returns the first transport error.
+Status ServeUntilShutdown(ServerSocket& socket, ServerCore& core, const std::atomic<bool>& stop,
+                          const ServeOptions& options = {});
 
 // A server's live status as it reports it to the coordinator: kind "server", server,
 // shards, rows, rows_spilled, pushes, pulls, bytes, held pulls (queue_depth) and who each

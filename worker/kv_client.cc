@@ -1,7 +1,6 @@
 #include "worker/kv_client.h"
 
 #include <glog/logging.h>
-#include <kj/exception.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -11,42 +10,52 @@
 #include <random>
 
 #include "common/wire.h"
+#include "worker/kv_client_internal.h"
 
 namespace ps {
 
-using SteadyClock = std::chrono::steady_clock;
-
-struct KVClient::Request {
-  int remaining = 0;
-  Status status;
-  bool done = false;
-  Callback callback;
-  std::span<float> out;  // pulls only
-  RequestInfo info;
-  int kind = -1;  // 0 push, 1 pull (for on_request_done); -1 other
-  SteadyClock::time_point start;
-};
-
-struct KVClient::Part {
-  enum class Kind { kPush, kPull, kClock };
-  bool rejoin = false;       // clock parts: adopt the server's minimum clock
-  bool more_chunks = false;  // push chunks but the last of a server's share: no stats
-  Ticket ticket = 0;
-  std::shared_ptr<Request> request;
-  int server = 0;
-  Kind kind = Kind::kPull;
-  uint32_t table = 0;
+struct KVClient::Submission {
+  const Call& call;
   size_t width = 0;
-  size_t rows = 0;
-  // Where this part's rows go in the request's output: a range part starts at row
-  // `out_row`; a key-list part scatters to `positions`.
-  bool is_range = false;
-  size_t out_row = 0;
-  std::vector<uint32_t> positions;
+  std::shared_ptr<Request> request;
   SteadyClock::time_point deadline;
-  // For retries: the request's frames (sharing the payload buffers) and when to resend.
-  Frames frames;
-  SteadyClock::time_point next_retry;
+  int64_t clock = 0;                          // every part's header carries it
+  std::vector<uint64_t> pulled_version = {};  // pushes: by server, for the headers
+  int32_t client_id = 0;
+  WireDtype wire_dtype = WireDtype::kFp32;
+
+  bool push() const { return call.kind == Kind::kPush; }
+  // A part of the call to `server`, of no rows yet.
+  std::shared_ptr<Part> NewPart(int server) const {
+    auto part = std::make_shared<Part>();
+    part->kind = call.kind;
+    part->table = call.table;
+    part->width = width;
+    part->deadline = deadline;
+    part->server = server;
+    return part;
+  }
+  // Writes the header of the part to `server` with id `request_id`; returns its keys, for
+  // the caller to fill. `more_chunks`: a push chunk but the last of the server's share.
+  wire::Keys::Builder EncodeHeader(capnp::MallocMessageBuilder& b, uint64_t request_id, int server,
+                                   bool more_chunks) const {
+    auto h = NewHeader(b, request_id, client_id);
+    h.setTargetServer(server);
+    auto body = h.getBody();
+    if (push()) {
+      auto p = body.initPush();
+      p.setTableId(call.table);
+      p.setClock(clock);
+      p.setPulledVersion(pulled_version[static_cast<size_t>(server)]);
+      p.setGradDtype(static_cast<uint8_t>(wire_dtype));
+      p.setMoreChunks(more_chunks);
+      return p.getKeys();
+    }
+    auto p = body.initPull();
+    p.setTableId(call.table);
+    p.setClock(clock);
+    return p.getKeys();
+  }
 };
 
 namespace {
@@ -137,197 +146,207 @@ Ticket KVClient::Fail(const Status& status, Callback done) {
 
 Ticket KVClient::Push(uint32_t table, std::span<const uint64_t> keys, std::span<const float> grads,
                       Callback done) {
-  return Submit(true, table, keys, nullptr, grads, {}, std::move(done));
+  return Submit(
+      {.kind = Kind::kPush, .table = table, .keys = keys, .grads = grads, .done = std::move(done)});
 }
 Ticket KVClient::Pull(uint32_t table, std::span<const uint64_t> keys, std::span<float> out,
                       Callback done) {
-  return Submit(false, table, keys, nullptr, {}, out, std::move(done));
+  return Submit(
+      {.kind = Kind::kPull, .table = table, .keys = keys, .out = out, .done = std::move(done)});
 }
 Ticket KVClient::PushRange(uint32_t table, RowRange rows, std::span<const float> grads,
                            Callback done, std::span<const uint64_t> pulled_versions) {
-  return Submit(true, table, {}, &rows, grads, {}, std::move(done), -1, pulled_versions);
+  return Submit({.kind = Kind::kPush,
+                 .table = table,
+                 .range = rows,
+                 .grads = grads,
+                 .pulled_versions = pulled_versions,
+                 .done = std::move(done)});
 }
 Ticket KVClient::PullRange(uint32_t table, RowRange rows, std::span<float> out, Callback done,
                            int64_t clock) {
-  return Submit(false, table, {}, &rows, {}, out, std::move(done), clock);
+  return Submit({.kind = Kind::kPull,
+                 .table = table,
+                 .range = rows,
+                 .out = out,
+                 .pull_clock = clock,
+                 .done = std::move(done)});
 }
 
-Ticket KVClient::Submit(bool push, uint32_t table, std::span<const uint64_t> keys,
-                        const RowRange* range, std::span<const float> grads, std::span<float> out,
-                        Callback done, int64_t pull_clock,
-                        std::span<const uint64_t> pulled_versions) {
-  if (table >= config_.table_specs.size()) {
-    return Fail(NotFound("table id " + std::to_string(table) + " is unknown"), std::move(done));
+Status KVClient::CheckCall(const Call& call) const {
+  if (call.table >= config_.table_specs.size()) {
+    return NotFound("table id " + std::to_string(call.table) + " is unknown");
   }
-  const TableSpec& spec = config_.table_specs[table];
-  const size_t width = spec.width;
-  size_t rows = keys.size();
-  if (range != nullptr) {
+  const TableSpec& spec = config_.table_specs[call.table];
+  size_t rows = call.keys.size();
+  if (call.range) {
+    const RowRange& range = *call.range;
     if (!spec.dense()) {
-      return Fail(InvalidArgument("table '" + spec.name + "' is sparse: pass keys, not a range"),
-                  std::move(done));
+      return InvalidArgument("table '" + spec.name + "' is sparse: pass keys, not a range");
     }
-    if (range->begin > range->end || range->end > spec.rows) {
-      return Fail(InvalidArgument("rows [" + std::to_string(range->begin) + ", " +
-                                  std::to_string(range->end) + ") are outside table '" + spec.name +
-                                  "' of " + std::to_string(spec.rows) + " rows"),
-                  std::move(done));
+    if (range.begin > range.end || range.end > spec.rows) {
+      return InvalidArgument("rows [" + std::to_string(range.begin) + ", " +
+                             std::to_string(range.end) + ") are outside table '" + spec.name +
+                             "' of " + std::to_string(spec.rows) + " rows");
     }
-    rows = range->size();
+    rows = range.size();
   } else if (spec.dense()) {
-    for (uint64_t k : keys) {
+    for (uint64_t k : call.keys) {
       if (k >= spec.rows) {
-        return Fail(InvalidArgument("row " + std::to_string(k) + " is outside table '" + spec.name +
-                                    "' of " + std::to_string(spec.rows) + " rows"),
-                    std::move(done));
+        return InvalidArgument("row " + std::to_string(k) + " is outside table '" + spec.name +
+                               "' of " + std::to_string(spec.rows) + " rows");
       }
     }
   }
-  size_t floats = push ? grads.size() : out.size();
-  if (floats != rows * width) {
-    return Fail(
-        InvalidArgument(std::string(push ? "push" : "pull") + " on table '" + spec.name +
-                        "' got a buffer of " + std::to_string(floats) + " floats, expected " +
-                        std::to_string(rows) + " rows x " + std::to_string(width)),
-        std::move(done));
+  const bool push = call.kind == Kind::kPush;
+  const size_t floats = push ? call.grads.size() : call.out.size();
+  if (floats != rows * spec.width) {
+    return InvalidArgument(std::string(push ? "push" : "pull") + " on table '" + spec.name +
+                           "' got a buffer of " + std::to_string(floats) + " floats, expected " +
+                           std::to_string(rows) + " rows x " + std::to_string(spec.width));
   }
+  return Status::Ok();
+}
 
+Ticket KVClient::Submit(Call call) {
+  if (Status s = CheckCall(call); !s.ok()) return Fail(s, std::move(call.done));
   auto request = std::make_shared<Request>();
-  request->callback = std::move(done);
-  request->out = out;
-  request->kind = push ? 0 : 1;
+  request->callback = std::move(call.done);
+  request->out = call.out;
+  request->kind = call.kind;
   request->start = SteadyClock::now();
+  Submission s{
+      .call = call,
+      .width = config_.table_specs[call.table].width,
+      .request = std::move(request),
+      .deadline = SteadyClock::now() + options_.request_timeout,
+      .clock = call.kind == Kind::kPull && call.pull_clock >= 0 ? call.pull_clock : clock_.load(),
+      .client_id = options_.client_id,
+      .wire_dtype = options_.wire_dtype};
+  if (s.push()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      s.pulled_version = pulled_version_[call.table];
+    }
+    if (call.pulled_versions.size() == s.pulled_version.size()) {
+      s.pulled_version.assign(call.pulled_versions.begin(), call.pulled_versions.end());
+    }
+  }
+  return call.range ? SubmitRange(s) : SubmitKeys(s);
+}
+
+namespace {
+
+// A row chunk of one server's share of a range request.
+struct Chunk {
+  int server;
+  RowRange rows;
+  bool more;  // not the share's last chunk
+};
+
+// `range` split by server, each server's share in chunks of at most `chunk_rows` rows.
+std::vector<Chunk> SplitIntoChunks(const ShardMap& shard_map, uint32_t table, RowRange range,
+                                   uint64_t chunk_rows) {
+  std::vector<Chunk> chunks;
+  for (const RangeSlice& slice : shard_map.SplitRange(table, range)) {
+    uint64_t begin = slice.rows.begin;
+    do {
+      const uint64_t end =
+          slice.rows.end - begin > chunk_rows ? begin + chunk_rows : slice.rows.end;
+      chunks.push_back(Chunk{slice.server, RowRange{begin, end}, end < slice.rows.end});
+      begin = end;
+    } while (begin < slice.rows.end);
+  }
+  return chunks;
+}
+
+}  // namespace
+
+Ticket KVClient::SubmitRange(const Submission& s) {
+  const RowRange& range = *s.call.range;
+  const bool push = s.push();
+  const size_t width = s.width;
+  // Each server's share in row chunks of at most chunk_bytes (see the header).
+  const uint64_t row_bytes = width * sizeof(float);
+  const uint64_t chunk_rows = options_.chunk_bytes == 0
+                                  ? std::numeric_limits<uint64_t>::max()
+                                  : std::max<uint64_t>(1, options_.chunk_bytes / row_bytes);
+  const std::vector<Chunk> chunks = SplitIntoChunks(shard_map_, s.call.table, range, chunk_rows);
   std::vector<std::shared_ptr<Part>> parts;
   std::vector<uint64_t> request_ids;  // parallel to parts
-  std::vector<Outgoing> outgoing;
-  const auto deadline = SteadyClock::now() + options_.request_timeout;
-  const int64_t clock = !push && pull_clock >= 0 ? pull_clock : clock_.load();
-  std::vector<uint64_t> pulled_version;
-  if (push) {
-    std::lock_guard<std::mutex> lock(mu_);
-    pulled_version = pulled_version_[table];
-  }
-  if (push && pulled_versions.size() == pulled_version.size()) {
-    pulled_version.assign(pulled_versions.begin(), pulled_versions.end());
-  }
-  auto header = [&](capnp::MallocMessageBuilder& b, uint64_t rid, int server,
-                    bool more_chunks = false) {
-    auto h = NewHeader(b, rid, options_.client_id);
-    h.setTargetServer(server);
-    auto body = h.getBody();
-    if (push) {
-      auto p = body.initPush();
-      p.setTableId(table);
-      p.setClock(clock);
-      p.setPulledVersion(pulled_version[static_cast<size_t>(server)]);
-      p.setGradDtype(static_cast<uint8_t>(options_.wire_dtype));
-      p.setMoreChunks(more_chunks);
-      return p.getKeys();
-    }
-    auto p = body.initPull();
-    p.setTableId(table);
-    p.setClock(clock);
-    return p.getKeys();
-  };
   uint64_t payload_bytes = 0;
-  if (range != nullptr) {
-    // Each server's share in row chunks of at most chunk_bytes (see the header).
-    const uint64_t row_bytes = width * sizeof(float);
-    const uint64_t chunk_rows = options_.chunk_bytes == 0
-                                    ? std::numeric_limits<uint64_t>::max()
-                                    : std::max<uint64_t>(1, options_.chunk_bytes / row_bytes);
-    struct Chunk {
-      int server;
-      RowRange rows;
-      bool more;  // not the share's last chunk
-    };
-    std::vector<Chunk> chunks;
-    for (const RangeSlice& slice : shard_map_.SplitRange(table, *range)) {
-      uint64_t begin = slice.rows.begin;
-      do {
-        const uint64_t end =
-            slice.rows.end - begin > chunk_rows ? begin + chunk_rows : slice.rows.end;
-        chunks.push_back(Chunk{slice.server, RowRange{begin, end}, end < slice.rows.end});
-        begin = end;
-      } while (begin < slice.rows.end);
-    }
-    for (const Chunk& c : chunks) {
-      auto part = std::make_shared<Part>();
-      part->kind = push ? Part::Kind::kPush : Part::Kind::kPull;
-      part->table = table;
-      part->width = width;
-      part->deadline = deadline;
-      part->is_range = true;
-      part->out_row = c.rows.begin - range->begin;
-      part->rows = c.rows.size();
-      part->server = c.server;
-      part->more_chunks = push && c.more;
-      parts.push_back(std::move(part));
-      request_ids.push_back(next_request_id_.fetch_add(1));
-      if (push) payload_bytes += c.rows.size() * width * WireDtypeBytes(options_.wire_dtype);
-    }
-    CountRequest(push, payload_bytes);
-    // Registered first, then built and queued chunk by chunk: the I/O thread sends chunk k
-    // (and the server applies it) while this thread encodes chunk k+1.
-    const Ticket ticket = Register(request, parts, request_ids);
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      const Chunk& c = chunks[i];
-      capnp::MallocMessageBuilder b;
-      auto k = header(b, request_ids[i], c.server, push && c.more);
-      k.initRange().setBegin(c.rows.begin);
-      k.getRange().setEnd(c.rows.end);
-      Outgoing o{c.server, {}};
-      o.frames.push_back(EncodeFrame(b));
-      if (push) {
-        const size_t first = c.rows.begin - range->begin;
-        const size_t n = c.rows.size() * width;
-        zmq::message_t values = NewPayload(c.server, n * WireDtypeBytes(options_.wire_dtype));
-        EncodeFloats(grads.subspan(first * width, n), options_.wire_dtype, values.data());
-        o.frames.push_back(std::move(values));
-      }
-      Queue(*parts[i], std::move(o));
-    }
-    return ticket;
-  } else {
-    for (KeySlice& slice : shard_map_.SplitKeys(table, keys)) {
-      auto part = std::make_shared<Part>();
-      uint64_t rid = next_request_id_.fetch_add(1);
-      capnp::MallocMessageBuilder b;
-      header(b, rid, slice.server).setListCount(slice.positions.size());
-      Outgoing o{slice.server, {}};
-      o.frames.push_back(EncodeFrame(b));
-      zmq::message_t key_frame(slice.positions.size() * sizeof(uint64_t));
-      uint64_t* kp = static_cast<uint64_t*>(key_frame.data());
-      for (size_t i = 0; i < slice.positions.size(); ++i) kp[i] = keys[slice.positions[i]];
-      o.frames.push_back(std::move(key_frame));
-      if (push) {
-        const size_t row_bytes = width * WireDtypeBytes(options_.wire_dtype);
-        zmq::message_t values = NewPayload(slice.server, slice.positions.size() * row_bytes);
-        char* vp = static_cast<char*>(values.data());
-        for (size_t i = 0; i < slice.positions.size(); ++i) {
-          EncodeFloats(grads.subspan(slice.positions[i] * width, width), options_.wire_dtype,
-                       vp + i * row_bytes);
-        }
-        payload_bytes += values.size();
-        o.frames.push_back(std::move(values));
-      }
-      part->rows = slice.positions.size();
-      part->positions = std::move(slice.positions);
-      part->server = slice.server;
-      parts.push_back(part);
-      request_ids.push_back(rid);
-      outgoing.push_back(std::move(o));
-    }
+  for (const Chunk& c : chunks) {
+    auto part = s.NewPart(c.server);
+    part->is_range = true;
+    part->out_row = c.rows.begin - range.begin;
+    part->rows = c.rows.size();
+    part->more_chunks = push && c.more;
+    parts.push_back(std::move(part));
+    request_ids.push_back(next_request_id_.fetch_add(1));
+    if (push) payload_bytes += c.rows.size() * width * WireDtypeBytes(options_.wire_dtype);
   }
+  CountRequest(s.call.kind, payload_bytes);
+  // Registered first, then built and queued chunk by chunk: the I/O thread sends chunk k
+  // (and the server applies it) while this thread encodes chunk k+1.
+  const Ticket ticket = Register(s.request, parts, request_ids);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = chunks[i];
+    capnp::MallocMessageBuilder b;
+    auto k = s.EncodeHeader(b, request_ids[i], c.server, push && c.more);
+    k.initRange().setBegin(c.rows.begin);
+    k.getRange().setEnd(c.rows.end);
+    Outgoing o{c.server, {}};
+    o.frames.push_back(EncodeFrame(b));
+    if (push) {
+      const size_t first = c.rows.begin - range.begin;
+      const size_t n = c.rows.size() * width;
+      zmq::message_t values = NewPayload(c.server, n * WireDtypeBytes(options_.wire_dtype));
+      EncodeFloats(s.call.grads.subspan(first * width, n), options_.wire_dtype, values.data());
+      o.frames.push_back(std::move(values));
+    }
+    Queue(*parts[i], std::move(o));
+  }
+  return ticket;
+}
 
-  for (auto& part : parts) {
-    part->kind = push ? Part::Kind::kPush : Part::Kind::kPull;
-    part->table = table;
-    part->width = width;
-    part->deadline = deadline;
+Ticket KVClient::SubmitKeys(const Submission& s) {
+  const std::span<const uint64_t> keys = s.call.keys;
+  const size_t width = s.width;
+  std::vector<std::shared_ptr<Part>> parts;
+  std::vector<uint64_t> request_ids;  // parallel to parts
+  std::vector<Outgoing> outgoing;     // parallel to parts
+  uint64_t payload_bytes = 0;
+  for (KeySlice& slice : shard_map_.SplitKeys(s.call.table, keys)) {
+    auto part = s.NewPart(slice.server);
+    uint64_t rid = next_request_id_.fetch_add(1);
+    capnp::MallocMessageBuilder b;
+    s.EncodeHeader(b, rid, slice.server, /*more_chunks=*/false)
+        .setListCount(slice.positions.size());
+    Outgoing o{slice.server, {}};
+    o.frames.push_back(EncodeFrame(b));
+    zmq::message_t key_frame(slice.positions.size() * sizeof(uint64_t));
+    uint64_t* kp = static_cast<uint64_t*>(key_frame.data());
+    for (size_t i = 0; i < slice.positions.size(); ++i) kp[i] = keys[slice.positions[i]];
+    o.frames.push_back(std::move(key_frame));
+    if (s.push()) {
+      const size_t row_bytes = width * WireDtypeBytes(options_.wire_dtype);
+      zmq::message_t values = NewPayload(slice.server, slice.positions.size() * row_bytes);
+      char* vp = static_cast<char*>(values.data());
+      for (size_t i = 0; i < slice.positions.size(); ++i) {
+        EncodeFloats(s.call.grads.subspan(slice.positions[i] * width, width), options_.wire_dtype,
+                     vp + i * row_bytes);
+      }
+      payload_bytes += values.size();
+      o.frames.push_back(std::move(values));
+    }
+    part->rows = slice.positions.size();
+    part->positions = std::move(slice.positions);
+    parts.push_back(part);
+    request_ids.push_back(rid);
+    outgoing.push_back(std::move(o));
   }
-  CountRequest(push, payload_bytes);
-  return Enqueue(std::move(request), std::move(parts), std::move(request_ids), std::move(outgoing));
+  CountRequest(s.call.kind, payload_bytes);
+  return Enqueue(s.request, std::move(parts), std::move(request_ids), std::move(outgoing));
 }
 
 zmq::message_t KVClient::NewPayload(int server, size_t bytes) {
@@ -381,9 +400,9 @@ Ticket KVClient::Enqueue(std::shared_ptr<Request> request, std::vector<std::shar
   return ticket;
 }
 
-void KVClient::CountRequest(bool push, uint64_t payload_bytes) {
+void KVClient::CountRequest(Kind kind, uint64_t payload_bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (push) {
+  if (kind == Kind::kPush) {
     ++stats_.pushes;
     stats_.bytes_pushed += payload_bytes;
   } else {
@@ -402,20 +421,20 @@ void KVClient::Uncork() {
 Ticket KVClient::Clock(Callback done) {
   in_clock_table_.store(true);
   clock_.fetch_add(1);
-  return SendClock(false, false, std::move(done));
+  return SendClock(ClockTick::kAdvance, std::move(done));
 }
 
 Ticket KVClient::Leave(Callback done) {
   in_clock_table_.store(false);
-  return SendClock(true, false, std::move(done));
+  return SendClock(ClockTick::kLeave, std::move(done));
 }
 
 Ticket KVClient::Rejoin(Callback done) {
   in_clock_table_.store(true);
-  return SendClock(false, true, std::move(done));
+  return SendClock(ClockTick::kRejoin, std::move(done));
 }
 
-Ticket KVClient::SendClock(bool leave, bool rejoin, Callback done) {
+Ticket KVClient::SendClock(ClockTick tick, Callback done) {
   auto request = std::make_shared<Request>();
   request->callback = std::move(done);
   std::vector<std::shared_ptr<Part>> parts;
@@ -427,14 +446,14 @@ Ticket KVClient::SendClock(bool leave, bool rejoin, Callback done) {
     capnp::MallocMessageBuilder b;
     auto h = NewHeader(b, rid, options_.client_id);
     h.setTargetServer(s);
-    auto tick = h.getBody().initClock();
-    tick.setClock(clock_.load());
-    tick.setLeave(leave);
+    auto clock = h.getBody().initClock();
+    clock.setClock(clock_.load());
+    clock.setLeave(tick == ClockTick::kLeave);
     Outgoing o{s, {}};
     o.frames.push_back(EncodeFrame(b));
     auto part = std::make_shared<Part>();
-    part->kind = Part::Kind::kClock;
-    part->rejoin = rejoin;
+    part->kind = Kind::kClock;
+    part->rejoin = tick == ClockTick::kRejoin;
     part->server = s;
     part->deadline = deadline;
     parts.push_back(part);
@@ -447,7 +466,7 @@ Ticket KVClient::SendClock(bool leave, bool rejoin, Callback done) {
 void KVClient::Complete(Ticket ticket, const Status& status) {
   Callback callback;
   Status final_status;
-  int kind = -1;
+  std::optional<Kind> kind;
   bool ok = false;
   SteadyClock::time_point start;
   {
@@ -467,8 +486,8 @@ void KVClient::Complete(Ticket ticket, const Status& status) {
       requests_.erase(it);
     }
   }
-  if (kind >= 0 && options_.on_request_done) {
-    options_.on_request_done(kind == 0,
+  if (kind && options_.on_request_done) {
+    options_.on_request_done(*kind == Kind::kPush,
                              std::chrono::duration<double>(SteadyClock::now() - start).count(), ok);
   }
   if (callback) {
@@ -497,264 +516,6 @@ Status KVClient::Wait(Ticket ticket, RequestInfo* info) {
 KVClientStats KVClient::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
-}
-
-void KVClient::OnReply(int server, Frames frames) {
-  if (frames.empty()) return;
-  Result<DecodedHeader> h = DecodedHeader::Decode(frames[0]);
-  if (!h.ok()) {
-    LOG(WARNING) << "dropping an undecodable reply from server " << server << ": "
-                 << h.status().ToString();
-    return;
-  }
-  std::shared_ptr<Part> part;
-  Status status;
-  try {
-    auto header = h->get();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = parts_.find(header.getRequestId());
-      if (it == parts_.end()) return;  // answered after it timed out
-      part = it->second;
-      parts_.erase(it);
-    }
-    status = CheckProtocolVersion(header);
-    auto body = header.getBody();
-    const std::string who = "server " + std::to_string(server);
-    if (!status.ok()) {
-    } else if (body.which() == wire::Header::Body::ERROR) {
-      status = StatusFromError(body.getError());
-    } else if (part->kind == Part::Kind::kClock) {
-      if (body.which() != wire::Header::Body::CLOCK_REPLY) {
-        status = Internal(who + " answered a clock tick with another type");
-      } else if (part->rejoin) {
-        const int64_t min_clock = body.getClockReply().getMinClock();
-        int64_t mine = clock_.load();
-        while (mine < min_clock && !clock_.compare_exchange_weak(mine, min_clock)) {
-        }
-      }
-    } else if (part->kind == Part::Kind::kPush) {
-      if (body.which() != wire::Header::Body::PUSH_REPLY) {
-        status = Internal(who + " answered a push with another type");
-      } else {
-        auto r = body.getPushReply();
-        std::lock_guard<std::mutex> lock(mu_);
-        if (part->more_chunks) {
-          // Counted once per part, from its last chunk's answer (see Chunks in the header).
-        } else if (r.getDropped()) {
-          ++stats_.pushes_dropped;
-        } else {
-          ++stats_.staleness_count;
-          stats_.staleness_sum += r.getStaleness();
-          stats_.staleness_max = std::max<uint64_t>(stats_.staleness_max, r.getStaleness());
-          stats_.last_learning_rate = r.getLearningRate();
-        }
-      }
-    } else if (body.which() != wire::Header::Body::PULL_REPLY || frames.size() != 2 ||
-               frames[1].size() != part->rows * part->width * sizeof(float)) {
-      status = Internal(who + " sent a malformed pull reply");
-    } else {
-      // Scatter outside the lock: the caller does not touch `out` until completion.
-      // The frame may sit at any byte offset: copy bytes, never read it as float*.
-      const char* src = static_cast<const char*>(frames[1].data());
-      float* out = part->request->out.data();
-      const size_t w = part->width;
-      const size_t row_bytes = w * sizeof(float);
-      if (part->is_range) {
-        std::memcpy(out + part->out_row * w, src, part->rows * row_bytes);
-      } else {
-        for (size_t i = 0; i < part->positions.size(); ++i) {
-          std::memcpy(out + static_cast<size_t>(part->positions[i]) * w, src + i * row_bytes,
-                      row_bytes);
-        }
-      }
-      auto r = body.getPullReply();
-      std::lock_guard<std::mutex> lock(mu_);
-      stats_.bytes_pulled += frames[1].size();
-      stats_.max_clock_lag = std::max(stats_.max_clock_lag, r.getClockLag());
-      pulled_version_[part->table][static_cast<size_t>(server)] = r.getVersion();
-      RequestInfo& info = part->request->info;
-      info.held_seconds = std::max(info.held_seconds, r.getHeldMicros() / 1e6);
-      info.clock_lag = std::max(info.clock_lag, r.getClockLag());
-      if (info.versions.empty()) info.versions.assign(pulled_version_[part->table].size(), 0);
-      info.versions[static_cast<size_t>(server)] = r.getVersion();
-    }
-  } catch (const kj::Exception& e) {
-    status = Internal(std::string("malformed reply: ") + e.getDescription().cStr());
-  }
-  if (part) Complete(part->ticket, status.WithContext("server " + std::to_string(server)));
-}
-
-void KVClient::SendBatched(std::vector<Outgoing>& outbox) {
-  // Per server, in call order: each server's messages go as one batch (several when they
-  // pass kMaxBatchFrames), so a step's requests to a server cost one round trip.
-  std::vector<std::vector<Frames>> batch(sockets_.size());
-  std::vector<size_t> frames(sockets_.size(), 1);  // the batch header
-  auto send = [&](size_t server) {
-    if (batch[server].empty()) return;
-    Status s = sockets_[server]->SendBatch(std::move(batch[server]));
-    // A failed send leaves the parts to time out (or to their retry).
-    if (!s.ok()) LOG(WARNING) << "send to server " << server << ": " << s.ToString();
-    batch[server].clear();
-    frames[server] = 1;
-  };
-  for (Outgoing& o : outbox) {
-    const size_t server = static_cast<size_t>(o.server);
-    if (frames[server] + o.frames.size() > kMaxBatchFrames) send(server);
-    frames[server] += o.frames.size();
-    batch[server].push_back(std::move(o.frames));
-  }
-  for (size_t server = 0; server < batch.size(); ++server) send(server);
-  outbox.clear();
-}
-
-void KVClient::IoLoop() {
-  std::vector<zmq::pollitem_t> items;
-  for (auto& s : sockets_) items.push_back({s->PollHandle().handle(), 0, ZMQ_POLLIN, 0});
-  items.push_back({nullptr, wake_fd_, ZMQ_POLLIN, 0});
-  const size_t wake_index = items.size() - 1;
-  // Expiry is checked at this period: requests time out within request_timeout + this.
-  const auto expiry_period = std::chrono::milliseconds(100);
-  auto next_expiry_check = SteadyClock::now() + expiry_period;
-  while (true) {
-    try {
-      PollSockets(items.data(), items.size(), expiry_period);
-    } catch (const zmq::error_t& e) {
-      if (e.num() == ETERM) break;
-      LOG(ERROR) << "client poll: " << e.what();
-      break;
-    }
-    if (items[wake_index].revents & ZMQ_POLLIN) {
-      uint64_t n;
-      ssize_t r = read(wake_fd_, &n, sizeof(n));
-      (void)r;
-    }
-    if (stopping_.load()) break;
-    ApplyRedirects(items);
-    std::vector<Outgoing> outbox;
-    if (corks_.load() == 0) {
-      std::lock_guard<std::mutex> lock(mu_);
-      outbox.swap(outbox_);
-    }
-    SendBatched(outbox);
-    for (size_t i = 0; i < sockets_.size(); ++i) {
-      if (!(items[i].revents & ZMQ_POLLIN)) continue;
-      while (true) {
-        Result<std::optional<Frames>> f = sockets_[i]->TryRecv();
-        if (!f.ok() || !f->has_value()) break;
-        OnReply(static_cast<int>(i), std::move(**f));
-      }
-    }
-    auto now = SteadyClock::now();
-    if (now >= next_expiry_check) {
-      next_expiry_check = now + expiry_period;
-      std::vector<std::pair<Ticket, int>> expired;
-      std::vector<Outgoing> resend;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        for (auto it = parts_.begin(); it != parts_.end();) {
-          Part& p = *it->second;
-          if (p.deadline <= now) {
-            expired.emplace_back(p.ticket, p.server);
-            it = parts_.erase(it);
-            continue;
-          }
-          if (!p.frames.empty() && options_.retry_interval.count() > 0 && p.next_retry <= now) {
-            // No reply yet: the same request (same id) again.
-            resend.push_back(Outgoing{p.server, ShareFrames(p.frames)});
-            p.next_retry = now + options_.retry_interval;
-            ++stats_.retries;
-          }
-          ++it;
-        }
-      }
-      for (Outgoing& o : resend) {
-        Status sent = sockets_[static_cast<size_t>(o.server)]->Send(std::move(o.frames));
-        if (!sent.ok()) LOG(WARNING) << "resend to server " << o.server << ": " << sent.ToString();
-      }
-      for (auto [t, server] : expired) {
-        Complete(t,
-                 DeadlineExceeded("server " + std::to_string(server) + " did not answer within " +
-                                  std::to_string(options_.request_timeout.count()) + " ms"));
-      }
-    }
-  }
-}
-
-void KVClient::Redirect(int server, const std::string& endpoint) {
-  if (server < 0 || server >= config_.num_servers) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    redirects_.emplace_back(server, endpoint);
-  }
-  Wake();
-}
-
-void KVClient::ApplyRedirects(std::vector<zmq::pollitem_t>& items) {
-  std::vector<std::pair<int, std::string>> redirects;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    redirects.swap(redirects_);
-  }
-  for (auto& [server, endpoint] : redirects) {
-    const size_t s = static_cast<size_t>(server);
-    if (endpoints_[s] == endpoint) continue;
-    Result<std::unique_ptr<ClientSocket>> socket = transport_->Connect(endpoint);
-    if (!socket.ok()) {
-      // Parts to that server time out as they would have; a later redirect may succeed.
-      LOG(ERROR) << "redirect of server " << server << " to " << endpoint << ": "
-                 << socket.status().ToString();
-      continue;
-    }
-    LOG(WARNING) << "server " << server << " failed over: its shards are served at " << endpoint
-                 << " now; resending what it had not answered";
-    std::unique_ptr<ClientSocket> old = std::move(socket).value();
-    {
-      // Callers building payloads (NewPayload) read sockets_[s] under this lock. Frames
-      // already built in the old socket's ring keep it mapped and are copied on resend.
-      std::lock_guard<std::mutex> lock(sockets_mu_);
-      sockets_[s].swap(old);
-    }
-    old.reset();
-    endpoints_[s] = endpoint;
-    items[s] = {sockets_[s]->PollHandle().handle(), 0, ZMQ_POLLIN, 0};
-    // Where this worker stands, read before the parts are: every push of the clocks
-    // before `clock` is among them (or answered).
-    const int64_t clock = clock_.load();
-    const bool in_table = in_clock_table_.load();
-    // Everything the dead server had not answered, in request-id order (the order it was
-    // sent in), with the same ids: a push it applied is answered again, not applied twice.
-    std::vector<std::pair<uint64_t, Frames>> resend;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (auto& [rid, part] : parts_) {
-        if (part->server != server || part->frames.empty()) continue;
-        resend.emplace_back(rid, ShareFrames(part->frames));
-        part->next_retry = SteadyClock::now() + options_.retry_interval;
-      }
-      // Parts queued but not yet sent go out below, to the new socket.
-    }
-    std::sort(resend.begin(), resend.end(),
-              [](const auto& a, const auto& b) { return a.first < b.first; });
-    for (auto& [rid, frames] : resend) {
-      Status sent = sockets_[s]->Send(std::move(frames));
-      if (!sent.ok()) LOG(WARNING) << "resend to server " << server << ": " << sent.ToString();
-    }
-    // Then this worker's clock (or that it is out of the clock table), after its pushes: a
-    // server restarted from a checkpoint (--replicas=1) knows only the checkpoint's clocks
-    // and would hold pulls on them. Its reply answers no part and is dropped; a promoted
-    // backup already has this clock, and a repeated tick changes nothing.
-    capnp::MallocMessageBuilder b;
-    auto h = NewHeader(b, next_request_id_.fetch_add(1), options_.client_id);
-    h.setTargetServer(server);
-    auto tick = h.getBody().initClock();
-    tick.setClock(clock);
-    tick.setLeave(!in_table);
-    Frames frames;
-    frames.push_back(EncodeFrame(b));
-    Status sent = sockets_[s]->Send(std::move(frames));
-    if (!sent.ok()) LOG(WARNING) << "clock to server " << server << ": " << sent.ToString();
-  }
 }
 
 }  // namespace ps

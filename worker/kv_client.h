@@ -55,9 +55,10 @@
 // table), so that the restored server's clock table learns where the worker stands.
 //
 // Thread model: all public methods are thread-safe. One internal I/O thread owns the
-// sockets (one DEALER per server); callers hand it requests through a queue and an
-// eventfd wakeup. Callers also build payload frames with a socket's NewFrame (which is
-// thread-safe), under sockets_mu_, the lock the I/O thread takes to replace a socket.
+// sockets (one DEALER per server; its side is kv_client_io.cc); callers hand it requests
+// through a queue and an eventfd wakeup. Callers also build payload frames with a socket's
+// NewFrame (which is thread-safe), under sockets_mu_, the lock the I/O thread takes to
+// replace a socket.
 #pragma once
 
 #include <atomic>
@@ -68,6 +69,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -212,8 +214,29 @@ class KVClient {
   uint64_t next_request_id() const { return next_request_id_.load(); }
 
  private:
-  struct Part;     // one server's share of a request
-  struct Request;  // one ticket
+  // What a request part carries, and so how its reply is read.
+  enum class Kind { kPush, kPull, kClock };
+  // The clock message SendClock sends to every server.
+  enum class ClockTick {
+    kAdvance,  // the worker completed a clock (Clock)
+    kLeave,    // out of the clock table (Leave)
+    kRejoin,   // back in, adopting the servers' slowest clock (Rejoin)
+  };
+  // One Push, Pull, PushRange or PullRange call, as Submit takes it.
+  struct Call {
+    Kind kind = Kind::kPull;  // kPush or kPull
+    uint32_t table = 0;
+    std::span<const uint64_t> keys = {};             // key-list calls
+    std::optional<RowRange> range = {};              // range calls (dense tables)
+    std::span<const float> grads = {};               // pushes: rows x width
+    std::span<float> out = {};                       // pulls: rows x width
+    int64_t pull_clock = -1;                         // pulls: their clock; -1: clock()
+    std::span<const uint64_t> pulled_versions = {};  // pushes: PushRange's, by server
+    Callback done = nullptr;
+  };
+  struct Part;        // one server's share of a request (or one chunk of it)
+  struct Request;     // one ticket
+  struct Submission;  // one call on its way out: what all its parts share
   struct Outgoing {
     int server;
     Frames frames;
@@ -221,13 +244,19 @@ class KVClient {
 
   KVClient(const JobConfig& config, const KVClientOptions& options);
   Status Start(Transport* transport, const std::vector<std::string>& endpoints);
-  Ticket Submit(bool push, uint32_t table, std::span<const uint64_t> keys, const RowRange* range,
-                std::span<const float> grads, std::span<float> out, Callback done,
-                int64_t clock = -1, std::span<const uint64_t> pulled_versions = {});
+  Ticket Submit(Call call);
+  // NotFound or InvalidArgument for a call that addresses rows outside its table or whose
+  // buffer does not match the rows.
+  Status CheckCall(const Call& call) const;
+  // A range call: each server's share in row chunks (see Chunks above), registered first and
+  // then built and queued one by one.
+  Ticket SubmitRange(const Submission& s);
+  // A key-list call: one part per server, built first and then registered and queued.
+  Ticket SubmitKeys(const Submission& s);
   Ticket Fail(const Status& status, Callback done);
   // A payload frame for a request to `server` (ClientSocket::NewFrame). Any thread.
   zmq::message_t NewPayload(int server, size_t bytes);
-  Ticket SendClock(bool leave, bool rejoin, Callback done);
+  Ticket SendClock(ClockTick tick, Callback done);
   // Registers a request of `parts` (with their request ids) and queues their frames.
   Ticket Enqueue(std::shared_ptr<Request> request, std::vector<std::shared_ptr<Part>> parts,
                  std::vector<uint64_t> request_ids, std::vector<Outgoing> outgoing);
@@ -241,12 +270,17 @@ class KVClient {
   bool KeepFrames() const;
   // Records one part's outcome; the last part completes the ticket. REQUIRES: mu_ not held.
   void Complete(Ticket ticket, const Status& status);
-  // Counts a Push/Pull call in stats_ (takes mu_).
-  void CountRequest(bool push, uint64_t payload_bytes);
+  // Counts a Push/Pull call (kind kPush or kPull) in stats_ (takes mu_).
+  void CountRequest(Kind kind, uint64_t payload_bytes);
   void IoLoop();
   // Sends `outbox` (emptied) with one batch per server (I/O thread).
   void SendBatched(std::vector<Outgoing>& outbox);
   void OnReply(int server, Frames frames);
+  // Copies a pull reply's rows (`src`, part.rows x width floats) to where the part's rows go
+  // in its request's output.
+  static void ScatterPull(const Part& part, const char* src);
+  // Raises clock_ to at least `to` (a rejoin adopts the servers' slowest clock).
+  void RaiseClock(int64_t to);
   void Wake();
 
   const JobConfig config_;

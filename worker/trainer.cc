@@ -210,22 +210,22 @@ class CoordinatorChunkSource final : public ChunkSource {
 
 }  // namespace
 
-TrainingLoop::TrainingLoop(const JobConfig& config, int worker_id, KVClient* client,
-                           TrainableModel* model, ProgressSink* sink, ChunkSource* chunks,
-                           std::string device, double slowdown, int batch_size, bool prefetch)
+TrainingLoop::TrainingLoop(const JobConfig& config, const TrainingLoopOptions& options,
+                           KVClient* client, TrainableModel* model, ProgressSink* sink,
+                           ChunkSource* chunks)
     : config_(config),
-      worker_id_(worker_id),
+      worker_id_(options.worker_id),
       client_(client),
       model_(model),
       sink_(sink),
       chunks_(chunks),
-      device_(std::move(device)),
-      slowdown_(slowdown),
-      fixed_batch_(batch_size),
-      batch_(batch_size > 0 ? batch_size : config.batch_size) {
+      device_(options.device),
+      slowdown_(options.slowdown),
+      fixed_batch_(options.batch_size),
+      batch_(options.batch_size > 0 ? options.batch_size : config.batch_size) {
   bool bsp = false;
   for (const TableSpec& t : config.table_specs) bsp = bsp || config.StalenessOf(t) == 0;
-  prefetch_ = prefetch && !bsp && model->CanPrefetch();
+  prefetch_ = options.prefetch && !bsp && model->CanPrefetch();
 }
 
 void TrainingLoop::SignalGroup(int64_t command) {
@@ -508,6 +508,115 @@ std::string GroupDevice(const Kernels& kernels) {
   return "cuda:" + std::to_string(std::atoi(name.c_str() + at + 6));
 }
 
+// The KV client of a registered worker; its requests are timed into `metrics` when set.
+Result<std::unique_ptr<KVClient>> ConnectToServers(const Registration& reg,
+                                                   const WorkerOptions& options,
+                                                   Transport* transport, WorkerMetrics* metrics) {
+  KVClientOptions copt;
+  copt.client_id = reg.id;
+  copt.request_timeout = options.request_timeout;
+  if (metrics != nullptr) {
+    copt.on_request_done = [metrics](bool push, double seconds, bool ok) {
+      metrics->OnRequestDone(push, seconds, ok);
+    };
+  }
+  copt.retry_interval = options.retry_interval;
+  PS_ASSIGN_OR_RETURN(copt.wire_dtype, ParseWireDtype(options.wire_dtype));
+  return KVClient::Create(transport, reg.config, reg.server_endpoints, copt);
+}
+
+// A restored job: the servers' clock tables hold the checkpoint's clocks. A rejoin tick
+// raises this worker's clock to their slowest one, which must be the clock the
+// coordinator recorded, so that SSP bounds and the LR schedule continue from there.
+Status ResumeAtRestoredClock(const Registration& reg, KVClient& client) {
+  if (reg.start_clock <= 0) return Status::Ok();
+  PS_RETURN_IF_ERROR(client.Wait(client.Rejoin()));
+  if (client.clock() != reg.start_clock) {
+    return FailedPrecondition("restored job: the servers' clock is " +
+                              std::to_string(client.clock()) + ", the coordinator's " +
+                              std::to_string(reg.start_clock));
+  }
+  LOG(INFO) << "worker " << reg.id << ": resuming at clock " << reg.start_clock << ", epoch "
+            << reg.start_epoch;
+  return Status::Ok();
+}
+
+// Failover (--replicas=2): heartbeat replies name the servers whose shards moved, and
+// `client` follows them while this guard lives (it unhooks the client before it is gone).
+class RedirectsTo {
+ public:
+  RedirectsTo(HeartbeatSender* heartbeat, KVClient* client) : heartbeat_(heartbeat) {
+    if (heartbeat_ == nullptr) return;
+    heartbeat_->SetRedirectHandler(
+        [client](int server, const std::string& endpoint) { client->Redirect(server, endpoint); });
+  }
+  ~RedirectsTo() {
+    if (heartbeat_ != nullptr) heartbeat_->SetRedirectHandler(nullptr);
+  }
+  RedirectsTo(const RedirectsTo&) = delete;
+  RedirectsTo& operator=(const RedirectsTo&) = delete;
+
+ private:
+  HeartbeatSender* heartbeat_;
+};
+
+// The worker's all-reduce group; null when it has none, or when joining failed (the
+// others find out through their own timeouts, and everyone trains alone).
+std::unique_ptr<GroupComm> JoinWorkerGroup(const Registration& reg, const Kernels& kernels,
+                                           Transport* transport) {
+  if (reg.group.size <= 1) return nullptr;
+  GroupCommOptions gopt;
+  gopt.rank = reg.group.rank;
+  gopt.size = reg.group.size;
+  gopt.leader_endpoint = reg.group.leader_endpoint;
+  gopt.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(reg.config.group_timeout_seconds * 1000));
+  gopt.device = GroupDevice(kernels);
+  Result<std::unique_ptr<GroupComm>> joined = JoinGroup(transport, gopt);
+  if (!joined.ok()) {
+    LOG(WARNING) << "worker " << reg.id << ": could not join all-reduce group '" << reg.group.name
+                 << "': " << joined.status().ToString() << "; training alone";
+    return nullptr;
+  }
+  std::unique_ptr<GroupComm> group = std::move(joined).value();
+  LOG(INFO) << "worker " << reg.id << ": rank " << group->rank() << " of all-reduce group '"
+            << reg.group.name << "' (" << group->size() << " workers, " << group->backend() << ")";
+  return group;
+}
+
+// A group member trains through its leader until the group ends. *alone: the group
+// dissolved, and this worker goes on training on its own (back in the clock table).
+Status TrainAsMember(const Registration& reg, KVClient& client, TrainableModel& model,
+                     GroupComm& group, const std::atomic<bool>& stop, TrainingLoop& loop,
+                     bool* alone) {
+  const auto member_start = SteadyClock::now();
+  PS_ASSIGN_OR_RETURN(GroupMemberResult member,
+                      RunGroupMember(reg.config, &client, &model, &group, stop));
+  LOG(INFO) << "worker " << reg.id << ": trained " << member.examples << " examples in "
+            << member.steps << " steps of its group (the leader counts them)";
+  loop.AddPriorTotals(0, 0, SecondsSince(member_start));
+  *alone = member.dissolved;
+  if (*alone) PS_RETURN_IF_ERROR(client.Wait(client.Rejoin()));
+  return Status::Ok();
+}
+
+// After training: the barrier with the other workers, then the final evaluation when the
+// coordinator picks this worker for it.
+Status FinishJob(const Registration& reg, TrainingLoop& loop, ProgressSink& sink,
+                 const KVClient& client, const json& totals, const std::atomic<bool>& stop) {
+  bool evaluate = false;
+  PS_RETURN_IF_ERROR(SendDone(*reg.coordinator, reg.id, totals, Status::Ok(), stop, &evaluate));
+  if (evaluate) {
+    PS_ASSIGN_OR_RETURN(json line, loop.Evaluate(reg.config.epochs, true));
+    PS_RETURN_IF_ERROR(sink.Report(line));
+  }
+  KVClientStats cs = client.stats();
+  LOG(INFO) << "worker " << reg.id << " done: pushes " << cs.pushes << " pulls " << cs.pulls
+            << " bytes pushed " << cs.bytes_pushed << " pulled " << cs.bytes_pulled
+            << " max staleness " << cs.staleness_max << " max clock lag " << cs.max_clock_lag;
+  return Status::Ok();
+}
+
 // Everything after registration. *done_sent tells the caller whether the coordinator
 // already heard from this worker.
 Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
@@ -520,111 +629,42 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
       std::max(options.batch_size,
                config.auto_batch ? config.batch_size * config.num_workers : config.batch_size);
   PS_ASSIGN_OR_RETURN(std::unique_ptr<TrainableModel> model, LoadModel(config, kernels, max_batch));
-  KVClientOptions copt;
-  copt.client_id = reg.id;
-  copt.request_timeout = options.request_timeout;
   std::optional<WorkerMetrics> metrics;
-  if (options.metrics != nullptr) {
-    metrics.emplace(options.metrics);
-    copt.on_request_done = [m = &*metrics](bool push, double seconds, bool ok) {
-      m->OnRequestDone(push, seconds, ok);
-    };
-  }
-  copt.retry_interval = options.retry_interval;
-  PS_ASSIGN_OR_RETURN(copt.wire_dtype, ParseWireDtype(options.wire_dtype));
+  if (options.metrics != nullptr) metrics.emplace(options.metrics);
   PS_ASSIGN_OR_RETURN(std::unique_ptr<KVClient> client,
-                      KVClient::Create(transport, config, reg.server_endpoints, copt));
-  if (reg.start_clock > 0) {
-    // A restored job: the servers' clock tables hold the checkpoint's clocks. A rejoin tick
-    // raises this worker's clock to their slowest one, which must be the clock the
-    // coordinator recorded, so that SSP bounds and the LR schedule continue from there.
-    PS_RETURN_IF_ERROR(client->Wait(client->Rejoin()));
-    if (client->clock() != reg.start_clock) {
-      return FailedPrecondition("restored job: the servers' clock is " +
-                                std::to_string(client->clock()) + ", the coordinator's " +
-                                std::to_string(reg.start_clock));
-    }
-    LOG(INFO) << "worker " << reg.id << ": resuming at clock " << reg.start_clock << ", epoch "
-              << reg.start_epoch;
-  }
+                      ConnectToServers(reg, options, transport, metrics ? &*metrics : nullptr));
+  PS_RETURN_IF_ERROR(ResumeAtRestoredClock(reg, *client));
   CoordinatorSink sink(reg.coordinator.get(), reg.id);
   if (metrics) sink.SetMetrics(&*metrics, client.get());
   CoordinatorChunkSource chunks(reg.coordinator.get());
-  // Failover (--replicas=2): heartbeat replies name the servers whose shards moved. The
-  // guard unhooks the client before it is destroyed.
-  if (heartbeat != nullptr) {
-    heartbeat->SetRedirectHandler([c = client.get()](int server, const std::string& endpoint) {
-      c->Redirect(server, endpoint);
-    });
-  }
-  struct UnhookRedirects {
-    HeartbeatSender* h;
-    ~UnhookRedirects() {
-      if (h != nullptr) h->SetRedirectHandler(nullptr);
-    }
-  } unhook_redirects{heartbeat};
-  TrainingLoop loop(config, reg.id, client.get(), model.get(), &sink, &chunks,
-                    kernels->DeviceName(), options.slowdown, options.batch_size, options.prefetch);
+  RedirectsTo redirects(heartbeat, client.get());
+  TrainingLoopOptions lopt;
+  lopt.worker_id = reg.id;
+  lopt.device = kernels->DeviceName();
+  lopt.slowdown = options.slowdown;
+  lopt.batch_size = options.batch_size;
+  lopt.prefetch = options.prefetch;
+  TrainingLoop loop(config, lopt, client.get(), model.get(), &sink, &chunks);
   LOG(INFO) << "prefetch " << (loop.prefetching() ? "on" : "off")
             << (options.prefetch && !loop.prefetching() ? " (BSP, or a model that cannot)" : "");
-  std::unique_ptr<GroupComm> group;
-  if (reg.group.size > 1) {
-    GroupCommOptions gopt;
-    gopt.rank = reg.group.rank;
-    gopt.size = reg.group.size;
-    gopt.leader_endpoint = reg.group.leader_endpoint;
-    gopt.timeout =
-        std::chrono::milliseconds(static_cast<int64_t>(config.group_timeout_seconds * 1000));
-    gopt.device = GroupDevice(*kernels);
-    Result<std::unique_ptr<GroupComm>> joined = JoinGroup(transport, gopt);
-    if (!joined.ok()) {
-      // The others find out through their own timeouts; everyone trains alone.
-      LOG(WARNING) << "worker " << reg.id << ": could not join all-reduce group '" << reg.group.name
-                   << "': " << joined.status().ToString() << "; training alone";
-    } else {
-      group = std::move(joined).value();
-      LOG(INFO) << "worker " << reg.id << ": rank " << group->rank() << " of all-reduce group '"
-                << reg.group.name << "' (" << group->size() << " workers, " << group->backend()
-                << ")";
-    }
-  }
-  Status s;
+  std::unique_ptr<GroupComm> group = JoinWorkerGroup(reg, *kernels, transport);
   bool alone = true;
   if (group != nullptr && group->leader()) {
     loop.SetGroup(group.get());
   } else if (group != nullptr) {
-    const auto member_start = SteadyClock::now();
-    PS_ASSIGN_OR_RETURN(GroupMemberResult member,
-                        RunGroupMember(config, client.get(), model.get(), group.get(), stop));
-    LOG(INFO) << "worker " << reg.id << ": trained " << member.examples << " examples in "
-              << member.steps << " steps of its group (the leader counts them)";
-    loop.AddPriorTotals(0, 0, SecondsSince(member_start));
-    alone = member.dissolved;
-    if (alone) PS_RETURN_IF_ERROR(client->Wait(client->Rejoin()));
+    PS_RETURN_IF_ERROR(TrainAsMember(reg, *client, *model, *group, stop, loop, &alone));
   }
   loop.set_drain_finish_chunk(options.drain_timeout / 2);
   // Ids past num_workers are handed to workers that join the running job.
   if (reg.id >= config.num_workers) loop.set_joined();
+  Status s;
   if (alone) s = loop.Run(stop);
   *totals = loop.Totals();
   if (!s.ok()) return s;
-  if (loop.left_job()) {
-    // Drained on SIGTERM: the coordinator knows; no barrier, no final evaluation here.
-    *done_sent = true;
-    return Status::Ok();
-  }
   *done_sent = true;
-  bool evaluate = false;
-  PS_RETURN_IF_ERROR(SendDone(*reg.coordinator, reg.id, *totals, Status::Ok(), stop, &evaluate));
-  if (evaluate) {
-    PS_ASSIGN_OR_RETURN(json line, loop.Evaluate(config.epochs, true));
-    PS_RETURN_IF_ERROR(sink.Report(line));
-  }
-  KVClientStats cs = client->stats();
-  LOG(INFO) << "worker " << reg.id << " done: pushes " << cs.pushes << " pulls " << cs.pulls
-            << " bytes pushed " << cs.bytes_pushed << " pulled " << cs.bytes_pulled
-            << " max staleness " << cs.staleness_max << " max clock lag " << cs.max_clock_lag;
-  return Status::Ok();
+  // Drained on SIGTERM: the coordinator knows; no barrier, no final evaluation here.
+  if (loop.left_job()) return Status::Ok();
+  return FinishJob(reg, loop, sink, *client, *totals, stop);
 }
 
 }  // namespace

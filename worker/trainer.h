@@ -152,13 +152,27 @@ class LocalChunkSource final : public ChunkSource {
   const int batch_size_;
 };
 
+// How one worker's TrainingLoop trains, beyond the job's config.
+struct TrainingLoopOptions {
+  // The worker's id: its row in the clock tables and the chunk source's leases.
+  int worker_id = 0;
+  // The device the model computes on, as Totals() reports it (Kernels::DeviceName()).
+  std::string device = "cpu";
+  // > 1 makes each step that many times slower (WorkerOptions::slowdown).
+  double slowdown = 1;
+  // This worker's batch size; 0 takes the job's (or the chunk source's). The model's
+  // max_batch must cover what the source may ask for.
+  int batch_size = 0;
+  // Pull the next step's parameters while this step computes (WorkerOptions::prefetch);
+  // ignored under BSP and for models that cannot prefetch.
+  bool prefetch = false;
+};
+
 class TrainingLoop {
  public:
-  // All pointers are borrowed and must outlive the loop. `batch_size` 0 takes the job's
-  // (or the chunk source's); the model's max_batch must cover what the source may ask for.
-  TrainingLoop(const JobConfig& config, int worker_id, KVClient* client, TrainableModel* model,
-               ProgressSink* sink, ChunkSource* chunks, std::string device, double slowdown = 1,
-               int batch_size = 0, bool prefetch = false);
+  // All pointers are borrowed and must outlive the loop.
+  TrainingLoop(const JobConfig& config, const TrainingLoopOptions& options, KVClient* client,
+               TrainableModel* model, ProgressSink* sink, ChunkSource* chunks);
 
   // Whether this loop prefetches: asked for, the model can, and no table is BSP.
   bool prefetching() const { return prefetch_; }

@@ -198,7 +198,8 @@ struct Cluster {
     }
     for (int s = 0; s < servers; ++s) {
       threads.emplace_back([this, s] {
-        (void)ServeUntilShutdown(*sockets[s], *cores[s], stop, std::chrono::milliseconds(50));
+        (void)ServeUntilShutdown(*sockets[s], *cores[s], stop,
+                                 {.poll_interval = std::chrono::milliseconds(50)});
       });
     }
     KVClientOptions o;

@@ -205,9 +205,11 @@ class ReplicatedPairTest : public ::testing::Test {
     }
     for (int s = 0; s < 2; ++s) {
       threads_[s] = std::thread([this, s] {
-        result_[s] = ServeUntilShutdown(
-            *listen_[s], *core_[s], stop_[s], std::chrono::milliseconds(20), nullptr,
-            std::chrono::milliseconds(0), nullptr, backups_[s].get(), link_[s].get());
+        result_[s] = ServeUntilShutdown(*listen_[s], *core_[s], stop_[s],
+                                        {.poll_interval = std::chrono::milliseconds(20),
+                                         .report_interval = std::chrono::milliseconds(0),
+                                         .backups = backups_[s].get(),
+                                         .backup_link = link_[s].get()});
       });
     }
     client_ = transport_.Connect(listen_[0]->BoundEndpoint()).value();

@@ -54,7 +54,8 @@ TEST(FaultInjectionTest, EveryPushCountsOnceDespiteDropsDuplicatesAndReorders) {
   std::vector<std::thread> threads;
   for (int s = 0; s < 2; ++s) {
     threads.emplace_back([&, s] {
-      (void)ServeUntilShutdown(*sockets[s], *cores[s], stop, std::chrono::milliseconds(10));
+      (void)ServeUntilShutdown(*sockets[s], *cores[s], stop,
+                               {.poll_interval = std::chrono::milliseconds(10)});
     });
   }
   KVClientOptions o;
@@ -132,7 +133,8 @@ class FaultyCluster {
     }
     for (size_t s = 0; s < cores_.size(); ++s) {
       threads_.emplace_back([this, s] {
-        (void)ServeUntilShutdown(*sockets_[s], *cores_[s], stop_, std::chrono::milliseconds(10));
+        (void)ServeUntilShutdown(*sockets_[s], *cores_[s], stop_,
+                                 {.poll_interval = std::chrono::milliseconds(10)});
       });
     }
   }

@@ -25,7 +25,8 @@ class InProcessCluster {
     }
     for (int s = 0; s < config.num_servers; ++s) {
       threads_.emplace_back([this, s] {
-        (void)ServeUntilShutdown(*sockets_[s], *cores_[s], stop_, std::chrono::milliseconds(20));
+        (void)ServeUntilShutdown(*sockets_[s], *cores_[s], stop_,
+                                 {.poll_interval = std::chrono::milliseconds(20)});
       });
     }
   }

@@ -71,7 +71,7 @@ TEST(TrainingLoopTest, OneWorkerUnderBspIsSequentialSgdToTheLastBit) {
   CollectingSink sink;
   LocalChunkSource chunks(config.epochs, static_cast<uint64_t>(config.chunk_examples),
                           config.batch_size);
-  TrainingLoop loop(config, 0, client.get(), model.get(), &sink, &chunks, "cpu");
+  TrainingLoop loop(config, {}, client.get(), model.get(), &sink, &chunks);
   std::atomic<bool> stop{false};
   ASSERT_TRUE(loop.Run(stop).ok());
   // The final model, as the servers hold it.
@@ -183,8 +183,8 @@ TEST(TrainingLoopTest, BspMakesTheFastWorkerWaitForTheSlowOne) {
       KVClientOptions o;
       o.client_id = w;
       auto client = KVClient::Create(&transport, config, cluster.endpoints(), o).value();
-      TrainingLoop loop(config, w, client.get(), model.get(), &sinks[static_cast<size_t>(w)],
-                        &chunks, "cpu", w == 1 ? 4.0 : 1.0);
+      TrainingLoop loop(config, {.worker_id = w, .slowdown = w == 1 ? 4.0 : 1.0}, client.get(),
+                        model.get(), &sinks[static_cast<size_t>(w)], &chunks);
       std::atomic<bool> stop{false};
       results[static_cast<size_t>(w)] = loop.Run(stop);
       totals[static_cast<size_t>(w)] = loop.Totals();
