@@ -42,8 +42,11 @@ void HeartbeatSender::SetRedirectHandler(std::function<void(int, const std::stri
 }
 
 void HeartbeatSender::Loop() {
+  const auto now = [this] {
+    return options_.now ? options_.now() : std::chrono::steady_clock::now();
+  };
   uint64_t request_id = 0;
-  auto last_answer = std::chrono::steady_clock::now();
+  auto last_answer = now();
   bool lost_reported = false;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
@@ -66,7 +69,7 @@ void HeartbeatSender::Loop() {
     while (true) {
       Result<std::optional<Frames>> reply = socket_->TryRecv();
       if (!reply.ok() || !reply->has_value() || (*reply)->empty()) break;
-      last_answer = std::chrono::steady_clock::now();
+      last_answer = now();
       Result<DecodedHeader> h = DecodedHeader::Decode((**reply)[0]);
       if (!h.ok()) continue;
       try {
@@ -89,7 +92,7 @@ void HeartbeatSender::Loop() {
         // A malformed reply says nothing about liveness; the next beat goes anyway.
       }
     }
-    const auto silent = std::chrono::steady_clock::now() - last_answer;
+    const auto silent = now() - last_answer;
     if (!lost_reported && options_.coordinator_timeout.count() > 0 &&
         silent > options_.coordinator_timeout) {
       lost_reported = true;

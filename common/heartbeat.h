@@ -44,6 +44,10 @@ struct HeartbeatOptions {
   // 0: never.
   std::chrono::milliseconds coordinator_timeout{0};
   std::function<void()> on_coordinator_lost;
+  // The clock that coordinator_timeout is measured on; nullptr: steady_clock::now. Tests
+  // set a fake one to decide when the coordinator has been silent too long. The interval
+  // between beats is always real time.
+  std::function<std::chrono::steady_clock::time_point()> now;
 };
 
 class HeartbeatSender {

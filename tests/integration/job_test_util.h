@@ -1,7 +1,11 @@
 // What the multi-process tests share: the worker's side of the coordinator protocol (as
 // worker/trainer.cc speaks it) for workers played by test threads, and a fixture that
-// starts real ps_coordinator / ps_server processes in a scratch directory and prints
-// their logs when a test fails.
+// starts real ps_coordinator / ps_server processes in a scratch directory, asks a running
+// coordinator for its status, and prints the processes' logs when a test fails.
+//
+// Tests learn what a job did from its run directory (summary.json, metrics.jsonl, the
+// endpoint file, checkpoints) or from the coordinator's status, never from the processes'
+// console text: that is worded for people and may change; the logs are for diagnosis.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,10 +15,13 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/registration.h"
@@ -198,11 +205,51 @@ class JobTest : public ::testing::Test {
 
   std::string RunDir() const { return dir_.Join("run"); }
 
+  // The live status of the coordinator at `endpoint`, as `ps_status --json` shows it
+  // (server/status_main.cc), asked with the job's worker key on a fresh connection (so that
+  // a late answer to an earlier request is never taken for this one's).
+  Result<json> FetchStatus(const std::string& endpoint, Deadline deadline) {
+    if (status_transport_ == nullptr) {
+      status_transport_ = std::make_unique<Transport>(ClientTransportOptions());
+    }
+    PS_ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> socket, status_transport_->Connect(endpoint));
+    capnp::MallocMessageBuilder b;
+    NewHeader(b, 1, -1).getBody().setStatus();
+    PS_ASSIGN_OR_RETURN(CallReply reply, Call(*socket, OneFrame(b), TimeLeft(deadline)));
+    if (reply.header.get().getBody().which() != wire::Header::Body::STATUS_REPLY) {
+      return Internal("the coordinator answered a status request with another message type");
+    }
+    json j = json::parse(reply.header.get().getBody().getStatusReply().getJson().cStr(), nullptr,
+                         /*allow_exceptions=*/false);
+    if (!j.is_object()) return Internal("the coordinator's status is not a JSON object");
+    return j;
+  }
+
+  // Waits until the live status of the coordinator at `endpoint` lists a failure entry (the
+  // entries summary.json's "failures" ends with) for which `match` holds, and returns it.
+  // DeadlineExceeded at `deadline`; Unavailable at once when `coordinator` exits first.
+  Result<json> WaitForFailure(const std::string& endpoint, ChildProcess& coordinator,
+                              const std::function<bool(const json&)>& match, Deadline deadline) {
+    while (SteadyClock::now() < deadline) {
+      // One unanswered request (a busy coordinator) is followed by another.
+      const Deadline call_deadline = std::min(deadline, DeadlineIn(std::chrono::seconds(5)));
+      if (Result<json> st = FetchStatus(endpoint, call_deadline); st.ok()) {
+        for (const json& f : st->value("failures", json::array())) {
+          if (f.is_object() && match(f)) return f;
+        }
+      }
+      if (coordinator.TryReap()) return Unavailable("the coordinator exited");
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return DeadlineExceeded("no such failure in the coordinator's status");
+  }
+
   TempDir dir_{"ps_job_test_"};
 
  private:
   std::string keys_dir_;
   bool insecure_ = false;
+  std::unique_ptr<Transport> status_transport_;  // made on first use, with the job's keys
 };
 
 // ---- whole jobs through scripts/launch_local.sh ----

@@ -6,9 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -310,36 +308,33 @@ TEST_P(MlpTest, BadInputIsInvalidArgument) {
   EXPECT_TRUE(fb(4).ok());
 }
 
-TEST_P(MlpTest, MnistSizedStepIsFast) {
+// The job's default shape at its default batch: the loss is finite and every gradient is
+// finite, and each tensor gets some (its time per step is ps_mlp_bench's to measure).
+TEST_P(MlpTest, MnistSizedStepGivesFiniteGradients) {
   const MlpShape shape{{784, 256, 128, 10}};
   const int batch = 64;
   std::unique_ptr<Mlp> mlp = MakeMlp(shape, batch);
   ASSERT_NE(mlp, nullptr);
   Params params = MakeParams(shape, rng_);
-  Params grads = MakeParams(shape, rng_, true);
+  Params grads = MakeParams(shape, rng_);  // garbage: must be overwritten
   std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(batch) * 784);
   for (float& v : x) v = pixel(rng_);
   std::vector<int32_t> y(batch);
   for (int i = 0; i < batch; ++i) y[i] = i % 10;
-  ASSERT_TRUE(mlp->ForwardBackward(x.data(), y.data(), batch, params.Const(), grads.Mutable(),
-                                   nullptr)
-                  .ok());  // warm-up
-  const int steps = 20;
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) {
-    ASSERT_TRUE(
-        mlp->ForwardBackward(x.data(), y.data(), batch, params.Const(), grads.Mutable(), nullptr)
-            .ok());
+  BatchResult r;
+  ASSERT_TRUE(
+      mlp->ForwardBackward(x.data(), y.data(), batch, params.Const(), grads.Mutable(), &r).ok());
+  EXPECT_EQ(r.examples, batch);
+  EXPECT_TRUE(std::isfinite(r.loss_sum));
+  EXPECT_GT(r.loss_sum, 0.0);
+  for (size_t t = 0; t < grads.tensors.size(); ++t) {
+    const std::vector<float>& g = grads.tensors[t];
+    EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](float v) { return std::isfinite(v); }))
+        << "tensor " << t;
+    EXPECT_TRUE(std::any_of(g.begin(), g.end(), [](float v) { return v != 0.0f; }))
+        << "tensor " << t;
   }
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
-      steps;
-  std::printf("[ INFO     ] %s: batch 64 {784,256,128,10} forward+backward %.3f ms\n",
-              kernels_->DeviceName().c_str(), ms);
-  // A few ms is expected; the bound only catches gross regressions (and leaves room for
-  // sanitizer builds and loaded machines).
-  EXPECT_LT(ms, 100.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Devices, MlpTest, ::testing::ValuesIn(Devices()),
