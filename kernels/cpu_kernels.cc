@@ -236,6 +236,18 @@ class CpuKernels final : public Kernels {
     return Status::Ok();
   }
 
+  Status Copy2d(int rows, int cols, const float* src, int src_stride, float* dst,
+                int dst_stride) override {
+    PS_RETURN_IF_ERROR(CheckCopy2d(rows, cols, src_stride, dst_stride));
+    if (cols == 0) return Status::Ok();
+    for (int i = 0; i < rows; ++i) {
+      std::memcpy(dst + static_cast<size_t>(i) * dst_stride,
+                  src + static_cast<size_t>(i) * src_stride,
+                  static_cast<size_t>(cols) * sizeof(float));
+    }
+    return Status::Ok();
+  }
+
   Status SigmoidCrossEntropy(int n, const float* logits, const int32_t* labels, float grad_scale,
                              float* grad_logits, double* host_loss_sum,
                              int64_t* host_correct) override {

@@ -609,6 +609,19 @@ class CudaKernels final : public Kernels {
     return Status::Ok();
   }
 
+  Status Copy2d(int rows, int cols, const float* src, int src_stride, float* dst,
+                int dst_stride) override {
+    PS_RETURN_IF_ERROR(CheckCopy2d(rows, cols, src_stride, dst_stride));
+    if (rows == 0 || cols == 0) return Status::Ok();
+    PS_RETURN_IF_ERROR(Activate());
+    constexpr size_t kF = sizeof(float);
+    PS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy2DAsync(dst, dst_stride * kF, src, src_stride * kF, cols * kF, rows,
+                          cudaMemcpyDeviceToDevice, stream_.get()),
+        "cudaMemcpy2DAsync(" + std::to_string(rows) + " x " + std::to_string(cols) + " floats)");
+    return Status::Ok();
+  }
+
   Status SigmoidCrossEntropy(int n, const float* logits, const int32_t* labels, float grad_scale,
                              float* grad_logits, double* host_loss_sum,
                              int64_t* host_correct) override {

@@ -158,6 +158,13 @@ class Kernels {
                                      double* host_loss_sum, int64_t* host_correct) = 0;
   // y = alpha * x, in place, n elements.
   virtual Status Scale(size_t n, float alpha, float* x) = 0;
+  // dst[i * dst_stride + j] = src[i * src_stride + j] for a rows x cols block, strides in
+  // floats (>= cols; InvalidArgument otherwise). Concatenation along columns and its
+  // backward pass: a part of width w goes to (or comes from) column offset o of a
+  // rows x total matrix with Copy2d(rows, w, part, w, out + o, total). The two blocks must
+  // not overlap.
+  virtual Status Copy2d(int rows, int cols, const float* src, int src_stride, float* dst,
+                        int dst_stride) = 0;
   // Sigmoid cross-entropy over n independent logits with binary int32 labels (0 or 1):
   // loss_i = log(1 + exp(x_i)) - label_i * x_i, computed in the form that neither overflows
   // nor loses the small values, max(x, 0) - x * label + log1p(exp(-|x|)). Writes

@@ -14,6 +14,9 @@ Status CheckKeepProb(const char* op, float keep_prob);
 // size_t index.
 Status CheckChannelSizes(const char* op, int batch, int channels, int spatial);
 
+// InvalidArgument unless rows, cols >= 0 and both strides >= cols.
+Status CheckCopy2d(int rows, int cols, int src_stride, int dst_stride);
+
 // The shape's Validate(), with the op's name in front of the message.
 Status CheckShape(const char* op, const Conv2dShape& shape);
 Status CheckShape(const char* op, const Pool2dShape& shape);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "kernels/kernels.h"
 #include "kernels/layer_checks.h"
@@ -124,6 +125,19 @@ Status CheckChannelSizes(const char* op, int batch, int channels, int spatial) {
   if (s.ok()) s = NonNegative("channels", channels);
   if (s.ok()) s = NonNegative("spatial", spatial);
   return s.WithContext(op);
+}
+
+Status CheckCopy2d(int rows, int cols, int src_stride, int dst_stride) {
+  Status s = NonNegative("rows", rows);
+  if (s.ok()) s = NonNegative("cols", cols);
+  for (const auto& [name, stride] :
+       {std::pair{"src_stride", src_stride}, std::pair{"dst_stride", dst_stride}}) {
+    if (s.ok() && stride < cols) {
+      s = InvalidArgument(std::string(name) + " = " + std::to_string(stride) +
+                          " is less than cols = " + std::to_string(cols));
+    }
+  }
+  return s.WithContext("Copy2d");
 }
 
 Status CheckShape(const char* op, const Conv2dShape& shape) {

@@ -293,6 +293,28 @@ TEST_F(ConvKernelsTest, ChannelBiasAndItsGradient) {
   EXPECT_EQ(k_->ChannelBiasGrad(-1, 2, 3, nullptr, nullptr).code(), StatusCode::kInvalidArgument);
 }
 
+// ---- Copy2d: concatenation along columns ----
+
+TEST_F(ConvKernelsTest, Copy2dConcatenatesAndSplitsColumns) {
+  // Two parts, 3 x 2 and 3 x 3, side by side in a 3 x 5 matrix, and back.
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6}, b = {7, 8, 9, 10, 11, 12, 13, 14, 15};
+  std::vector<float> out(15, -1.0f);
+  ASSERT_TRUE(k_->Copy2d(3, 2, a.data(), 2, out.data(), 5).ok());
+  ASSERT_TRUE(k_->Copy2d(3, 3, b.data(), 3, out.data() + 2, 5).ok());
+  EXPECT_EQ(out, (std::vector<float>{1, 2, 7, 8, 9, 3, 4, 10, 11, 12, 5, 6, 13, 14, 15}));
+  std::vector<float> a2(6), b2(9);
+  ASSERT_TRUE(k_->Copy2d(3, 2, out.data(), 5, a2.data(), 2).ok());
+  ASSERT_TRUE(k_->Copy2d(3, 3, out.data() + 2, 5, b2.data(), 3).ok());
+  EXPECT_EQ(a2, a);
+  EXPECT_EQ(b2, b);
+  ASSERT_TRUE(k_->Copy2d(0, 3, nullptr, 3, nullptr, 3).ok());
+  ASSERT_TRUE(k_->Copy2d(3, 0, nullptr, 0, nullptr, 0).ok());
+  Status s = k_->Copy2d(3, 3, b.data(), 2, out.data(), 5);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("src_stride = 2"), std::string::npos) << s.message();
+  EXPECT_EQ(k_->Copy2d(-1, 3, nullptr, 3, nullptr, 3).code(), StatusCode::kInvalidArgument);
+}
+
 // ---- max pooling ----
 
 Pool2dShape Pool(int n, int c, int h, int w, int window, int stride, int pad) {

@@ -796,6 +796,22 @@ TEST_F(CudaKernelsTest, SigmoidCrossEntropyEmptyAndBadLabels) {
   EXPECT_NEAR(loss, 5000 * std::log(2.0), 1e-3);
 }
 
+TEST_F(CudaKernelsTest, Copy2dEqualsCpu) {
+  for (const auto& [rows, cols, src_stride, dst_stride] :
+       std::vector<std::tuple<int, int, int, int>>{
+           {3, 2, 2, 5}, {1, 1, 1, 1}, {1000, 13, 40, 13}, {0, 4, 4, 4}, {7, 0, 0, 3}}) {
+    SCOPED_TRACE(testing::Message()
+                 << rows << "x" << cols << " strides " << src_stride << ", " << dst_stride);
+    const std::vector<float> src = RandomVector(static_cast<size_t>(rows) * src_stride, rng_);
+    std::vector<float> dst(static_cast<size_t>(rows) * dst_stride, -1.0f);
+    DeviceBuffer<float> d_src = Upload(src), d_dst = Upload(dst);
+    ASSERT_TRUE(cpu_->Copy2d(rows, cols, src.data(), src_stride, dst.data(), dst_stride).ok());
+    ASSERT_TRUE(gpu_->Copy2d(rows, cols, d_src.get(), src_stride, d_dst.get(), dst_stride).ok());
+    EXPECT_EQ(Download(d_dst), dst);  // the columns past cols keep their -1
+  }
+  EXPECT_EQ(gpu_->Copy2d(2, 3, nullptr, 2, nullptr, 3).code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(CudaKernelsTest, DropoutEqualsCpu) {
   for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, (size_t{1} << 20) + 3}) {
     for (float p : {0.2f, 0.5f, 1.0f}) {
