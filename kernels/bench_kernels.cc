@@ -1,4 +1,5 @@
-// ps_kernel_bench: GEMM GFLOP/s (fp32 on both backends, and TF32 and bf16 on CUDA) and the
+// ps_kernel_bench: GEMM GFLOP/s (fp32 on both backends, and TF32 and bf16 on CUDA), the
+// GFLOP/s of the Conv2d ops (im2col + GEMM, forward and both backward passes), and the
 // GB/s of the memory-bound ops: ReLU, sparse row gather and scatter-add, fp16 and bfloat16
 // conversion.
 //   ps_kernel_bench [--benchmark_filter=cuda]
@@ -128,6 +129,51 @@ void BM_Gemm(benchmark::State& state, const std::string& device, GemmPrecision p
   state.SetLabel(k->DeviceName());
 }
 
+enum class ConvPass { kForward, kBackwardData, kBackwardFilter };
+
+// Args: N, C, H, W, F, K, stride, padding. Counter `flops`: the GEMMs' 2 * N * F * C * K * K
+// * OH * OW per call (im2col, col2im and the bias are memory traffic on top).
+void BM_Conv2d(benchmark::State& state, const std::string& device, ConvPass pass) {
+  std::string error;
+  Kernels* k = GetKernels(device, &error);
+  if (k == nullptr) return state.SkipWithError(error.c_str());
+  Conv2dShape s;
+  s.batch = static_cast<int>(state.range(0));
+  s.in_channels = static_cast<int>(state.range(1));
+  s.height = static_cast<int>(state.range(2));
+  s.width = static_cast<int>(state.range(3));
+  s.out_channels = static_cast<int>(state.range(4));
+  s.kernel = static_cast<int>(state.range(5));
+  s.stride = static_cast<int>(state.range(6));
+  s.padding = static_cast<int>(state.range(7));
+  if (Status v = s.Validate(); !v.ok()) return Fail(state, v);
+  const size_t pixels = static_cast<size_t>(s.OutHeight()) * s.OutWidth();
+  auto x = RandomBuffer(k, static_cast<size_t>(s.batch) * s.in_channels * s.height * s.width, 9);
+  auto w = RandomBuffer(k, static_cast<size_t>(s.out_channels) * s.ColRows(), 10);
+  auto b = RandomBuffer(k, static_cast<size_t>(s.out_channels), 11);
+  auto y = RandomBuffer(k, static_cast<size_t>(s.batch) * s.out_channels * pixels, 12);
+  auto ws = RandomBuffer(k, s.WorkspaceFloats(), 13);
+  for (const auto* r : {&x, &w, &b, &y, &ws}) {
+    if (!r->ok()) return Fail(state, r->status());
+  }
+  const bool ok = TimeOp(state, k, [&] {
+    switch (pass) {
+      case ConvPass::kForward:
+        return k->Conv2dForward(s, x->get(), w->get(), b->get(), y->get(), ws->get());
+      case ConvPass::kBackwardData:
+        return k->Conv2dBackwardData(s, y->get(), w->get(), x->get(), ws->get());
+      case ConvPass::kBackwardFilter:
+        return k->Conv2dBackwardFilter(s, x->get(), y->get(), w->get(), b->get(), ws->get());
+    }
+    return Internal("unknown conv pass");
+  });
+  if (!ok) return;
+  state.counters["flops"] =
+      benchmark::Counter(2.0 * s.batch * s.out_channels * s.ColRows() * static_cast<double>(pixels),
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(k->DeviceName());
+}
+
 // Relu in place over range(0) floats: one read and one write each.
 void BM_Relu(benchmark::State& state, const std::string& device) {
   std::string error;
@@ -241,6 +287,18 @@ void GemmSizes(benchmark::internal::Benchmark* b) {
   b->Unit(benchmark::kMicrosecond);
 }
 
+// Batch 64: a LeNet's two layers on MNIST (5 x 5, padding 2), and 3 x 3 layers of a small
+// CIFAR net, one strided.
+void ConvSizes(benchmark::internal::Benchmark* b) {
+  b->Args({64, 1, 28, 28, 32, 5, 1, 2});
+  b->Args({64, 32, 14, 14, 64, 5, 1, 2});
+  b->Args({64, 3, 32, 32, 64, 3, 1, 1});
+  b->Args({64, 64, 16, 16, 128, 3, 2, 1});
+  b->ArgNames({"N", "C", "H", "W", "F", "K", "stride", "pad"});
+  b->UseRealTime();
+  b->Unit(benchmark::kMicrosecond);
+}
+
 void ReluSizes(benchmark::internal::Benchmark* b) {
   b->Arg(1 << 16)->Arg(1 << 20)->Arg(1 << 24);
   b->ArgNames({"n"});
@@ -262,6 +320,17 @@ BENCHMARK_CAPTURE(BM_Gemm, cpu, std::string("cpu"), GemmPrecision::kFp32)->Apply
 BENCHMARK_CAPTURE(BM_Gemm, cuda, std::string("cuda"), GemmPrecision::kFp32)->Apply(GemmSizes);
 BENCHMARK_CAPTURE(BM_Gemm, cuda_tf32, std::string("cuda"), GemmPrecision::kTf32)->Apply(GemmSizes);
 BENCHMARK_CAPTURE(BM_Gemm, cuda_bf16, std::string("cuda"), GemmPrecision::kBf16)->Apply(GemmSizes);
+BENCHMARK_CAPTURE(BM_Conv2d, forward_cpu, std::string("cpu"), ConvPass::kForward)->Apply(ConvSizes);
+BENCHMARK_CAPTURE(BM_Conv2d, forward_cuda, std::string("cuda"), ConvPass::kForward)
+    ->Apply(ConvSizes);
+BENCHMARK_CAPTURE(BM_Conv2d, backward_data_cpu, std::string("cpu"), ConvPass::kBackwardData)
+    ->Apply(ConvSizes);
+BENCHMARK_CAPTURE(BM_Conv2d, backward_data_cuda, std::string("cuda"), ConvPass::kBackwardData)
+    ->Apply(ConvSizes);
+BENCHMARK_CAPTURE(BM_Conv2d, backward_filter_cpu, std::string("cpu"), ConvPass::kBackwardFilter)
+    ->Apply(ConvSizes);
+BENCHMARK_CAPTURE(BM_Conv2d, backward_filter_cuda, std::string("cuda"), ConvPass::kBackwardFilter)
+    ->Apply(ConvSizes);
 BENCHMARK_CAPTURE(BM_Relu, cpu, std::string("cpu"))->Apply(ReluSizes);
 BENCHMARK_CAPTURE(BM_Relu, cuda, std::string("cuda"))->Apply(ReluSizes);
 BENCHMARK_CAPTURE(BM_GatherRows, cpu, std::string("cpu"))->Apply(SparseSizes);

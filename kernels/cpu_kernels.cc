@@ -10,6 +10,9 @@
 #include <new>
 #include <string>
 
+#include "kernels/kernel_math.h"
+#include "kernels/layer_checks.h"
+
 namespace ps {
 namespace {
 
@@ -233,6 +236,161 @@ class CpuKernels final : public Kernels {
     return Status::Ok();
   }
 
+  Status Copy2d(int rows, int cols, const float* src, int src_stride, float* dst,
+                int dst_stride) override {
+    PS_RETURN_IF_ERROR(CheckCopy2d(rows, cols, src_stride, dst_stride));
+    if (cols == 0) return Status::Ok();
+    for (int i = 0; i < rows; ++i) {
+      std::memcpy(dst + static_cast<size_t>(i) * dst_stride,
+                  src + static_cast<size_t>(i) * src_stride,
+                  static_cast<size_t>(cols) * sizeof(float));
+    }
+    return Status::Ok();
+  }
+
+  Status SigmoidCrossEntropy(int n, const float* logits, const int32_t* labels, float grad_scale,
+                             float* grad_logits, double* host_loss_sum,
+                             int64_t* host_correct) override {
+    PS_RETURN_IF_ERROR(CheckNonNegative("SigmoidCrossEntropy", "n", n));
+    // Labels first, so that a bad batch leaves grad_logits untouched.
+    for (int i = 0; i < n; ++i) {
+      if (labels[i] != 0 && labels[i] != 1) {
+        return InvalidArgument("SigmoidCrossEntropy: label " + std::to_string(labels[i]) +
+                               " of element " + std::to_string(i) + " is neither 0 nor 1");
+      }
+    }
+    double loss_sum = 0;
+    int64_t correct = 0;
+    for (int i = 0; i < n; ++i) {
+      const double x = logits[i];
+      const double y = labels[i];
+      // exp() of a non-positive number only: no overflow for any logit.
+      const double e = std::exp(-std::abs(x));
+      loss_sum += std::max(x, 0.0) - x * y + std::log1p(e);
+      if ((x > 0) == (labels[i] == 1)) ++correct;
+      if (grad_logits != nullptr) {
+        const double sigmoid = x >= 0 ? 1.0 / (1.0 + e) : e / (1.0 + e);
+        grad_logits[i] = static_cast<float>((sigmoid - y) * grad_scale);
+      }
+    }
+    if (host_loss_sum != nullptr) *host_loss_sum = loss_sum;
+    if (host_correct != nullptr) *host_correct = correct;
+    return Status::Ok();
+  }
+
+  Status DropoutMask(size_t n, float keep_prob, uint64_t seed, uint8_t* mask) override {
+    PS_RETURN_IF_ERROR(CheckKeepProb("DropoutMask", keep_prob));
+    const uint64_t threshold = DropoutThreshold(keep_prob);
+    for (size_t i = 0; i < n; ++i) mask[i] = DropoutBits(seed, i) < threshold ? 1 : 0;
+    return Status::Ok();
+  }
+  Status DropoutForward(size_t n, float keep_prob, const uint8_t* mask, const float* x,
+                        float* y) override {
+    PS_RETURN_IF_ERROR(CheckKeepProb("DropoutForward", keep_prob));
+    ApplyMask(n, 1.0f / keep_prob, mask, x, y);
+    return Status::Ok();
+  }
+  Status DropoutBackward(size_t n, float keep_prob, const uint8_t* mask, const float* dy,
+                         float* dx) override {
+    PS_RETURN_IF_ERROR(CheckKeepProb("DropoutBackward", keep_prob));
+    ApplyMask(n, 1.0f / keep_prob, mask, dy, dx);
+    return Status::Ok();
+  }
+
+  Status Im2Col(const Conv2dShape& shape, const float* image, float* col) override {
+    PS_RETURN_IF_ERROR(CheckShape("Im2Col", shape));
+    ForEachColEntry(
+        shape,
+        [&](size_t c, int iy, int ix, float* entry) {
+          const bool inside = iy >= 0 && iy < shape.height && ix >= 0 && ix < shape.width;
+          *entry = inside ? image[(c * shape.height + iy) * shape.width + ix] : 0.0f;
+        },
+        col);
+    return Status::Ok();
+  }
+
+  Status Col2Im(const Conv2dShape& shape, const float* col, float* image) override {
+    PS_RETURN_IF_ERROR(CheckShape("Col2Im", shape));
+    std::fill(image, image + static_cast<size_t>(shape.in_channels) * shape.height * shape.width,
+              0.0f);
+    // Rows in order: each pixel's sum adds its entries in the order of col's rows.
+    ForEachColEntry(
+        shape,
+        [&](size_t c, int iy, int ix, const float* entry) {
+          if (iy >= 0 && iy < shape.height && ix >= 0 && ix < shape.width) {
+            image[(c * shape.height + iy) * shape.width + ix] += *entry;
+          }
+        },
+        col);
+    return Status::Ok();
+  }
+
+  Status AddChannelBias(int batch, int channels, int spatial, const float* bias,
+                        float* y) override {
+    PS_RETURN_IF_ERROR(CheckChannelSizes("AddChannelBias", batch, channels, spatial));
+    for (size_t plane = 0; plane < static_cast<size_t>(batch) * channels; ++plane) {
+      const float b = bias[plane % channels];
+      float* p = y + plane * spatial;
+      for (int s = 0; s < spatial; ++s) p[s] += b;
+    }
+    return Status::Ok();
+  }
+
+  Status ChannelBiasGrad(int batch, int channels, int spatial, const float* dy,
+                         float* db) override {
+    PS_RETURN_IF_ERROR(CheckChannelSizes("ChannelBiasGrad", batch, channels, spatial));
+    // In double: the sums run over batch * spatial values, and this is the reference.
+    for (int c = 0; c < channels; ++c) {
+      double sum = 0;
+      for (int n = 0; n < batch; ++n) {
+        const float* p = dy + (static_cast<size_t>(n) * channels + c) * spatial;
+        for (int s = 0; s < spatial; ++s) sum += p[s];
+      }
+      db[c] = static_cast<float>(sum);
+    }
+    return Status::Ok();
+  }
+
+  Status MaxPool2dForward(const Pool2dShape& shape, const float* x, float* y,
+                          int32_t* argmax) override {
+    PS_RETURN_IF_ERROR(CheckShape("MaxPool2dForward", shape));
+    const PoolGeometry geometry{shape.height, shape.width, shape.window, shape.stride,
+                                shape.padding};
+    const int out_h = shape.OutHeight();
+    const int out_w = shape.OutWidth();
+    const size_t planes = static_cast<size_t>(shape.batch) * shape.channels;
+    const size_t in_plane = static_cast<size_t>(shape.height) * shape.width;
+    size_t o = 0;
+    for (size_t p = 0; p < planes; ++p) {
+      const float* image = x + p * in_plane;
+      for (int oy = 0; oy < out_h; ++oy) {
+        for (int ox = 0; ox < out_w; ++ox, ++o) {
+          const int best = PoolArgmax(geometry, image, oy, ox);
+          y[o] = image[best];
+          if (argmax != nullptr) argmax[o] = best;
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  Status MaxPool2dBackward(const Pool2dShape& shape, const float* dy, const int32_t* argmax,
+                           float* dx) override {
+    PS_RETURN_IF_ERROR(CheckShape("MaxPool2dBackward", shape));
+    const size_t planes = static_cast<size_t>(shape.batch) * shape.channels;
+    const size_t in_plane = static_cast<size_t>(shape.height) * shape.width;
+    const size_t out_plane = static_cast<size_t>(shape.OutHeight()) * shape.OutWidth();
+    std::fill(dx, dx + planes * in_plane, 0.0f);
+    for (size_t p = 0; p < planes; ++p) {
+      float* image = dx + p * in_plane;
+      for (size_t o = p * out_plane; o < (p + 1) * out_plane; ++o) {
+        // Out-of-plane indices (a broken REQUIRES) are skipped rather than written.
+        if (argmax[o] >= 0 && static_cast<size_t>(argmax[o]) < in_plane) image[argmax[o]] += dy[o];
+      }
+    }
+    return Status::Ok();
+  }
+
   Status GatherRows(int rows, int width, const float* table, int table_rows, const int32_t* indices,
                     float* out) override {
     PS_RETURN_IF_ERROR(CheckSparseSizes("GatherRows", rows, width, table_rows));
@@ -283,6 +441,32 @@ class CpuKernels final : public Kernels {
     PS_RETURN_IF_ERROR(CheckNonNegative(op, "rows", rows));
     PS_RETURN_IF_ERROR(CheckNonNegative(op, "width", width));
     return CheckNonNegative(op, "table_rows", table_rows);
+  }
+
+  // out[i] = in[i] * scale where mask[i] is set, else 0.
+  static void ApplyMask(size_t n, float scale, const uint8_t* mask, const float* in, float* out) {
+    for (size_t i = 0; i < n; ++i) out[i] = mask[i] != 0 ? in[i] * scale : 0.0f;
+  }
+
+  // Calls f(c, iy, ix, entry) for every entry of one image's im2col matrix, row by row,
+  // with (iy, ix) the image position it stands for (outside the image in the padding).
+  template <typename Entry, typename F>
+  static void ForEachColEntry(const Conv2dShape& shape, F f, Entry* col) {
+    const int k = shape.kernel;
+    const int out_h = shape.OutHeight();
+    const int out_w = shape.OutWidth();
+    for (int c = 0; c < shape.in_channels; ++c) {
+      for (int ky = 0; ky < k; ++ky) {
+        for (int kx = 0; kx < k; ++kx) {
+          for (int oy = 0; oy < out_h; ++oy) {
+            const int iy = oy * shape.stride - shape.padding + ky;
+            for (int ox = 0; ox < out_w; ++ox, ++col) {
+              f(static_cast<size_t>(c), iy, ox * shape.stride - shape.padding + kx, col);
+            }
+          }
+        }
+      }
+    }
   }
 
   // C = beta * C with the BLAS rule that beta == 0 overwrites (so NaN in C is dropped).

@@ -10,6 +10,9 @@
 #include <string>
 
 #include "kernels/cuda_kernels.h"
+#include "kernels/cuda_layer_kernels.h"
+#include "kernels/kernel_math.h"
+#include "kernels/layer_checks.h"
 
 namespace ps {
 namespace {
@@ -90,11 +93,6 @@ using DevicePtr = std::unique_ptr<void, DeviceFree>;
 using PinnedPtr = std::unique_ptr<void, PinnedFree>;
 
 // ---- kernels ----
-
-// Grid-stride loops: any n works with a bounded grid.
-#define PS_GRID_STRIDE_LOOP(i, n)                                                      \
-  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
 
 __global__ void AddBiasKernel(size_t n, int cols, const float* __restrict__ bias,
                               float* __restrict__ y) {
@@ -313,6 +311,53 @@ __global__ void SoftmaxCeKernel(int rows, int classes, const float* __restrict__
     for (int w = 0; w < kCeWarpsPerBlock; ++w) {
       l += block_loss[w];
       c += static_cast<unsigned long long>(block_correct[w]);
+    }
+    if (l != 0.0) atomicAdd(&out->loss_sum, l);
+    if (c != 0) atomicAdd(&out->correct, c);
+  }
+}
+
+// One thread per element (grid-stride), in the form the CPU backend uses, in float; each
+// block adds its loss (in double) and correct count to `out` with one atomic each. A bad
+// label is skipped and reported through bad_row_code, as in SoftmaxCeKernel.
+__global__ void SigmoidCeKernel(int n, const float* __restrict__ logits,
+                                const int32_t* __restrict__ labels, float grad_scale,
+                                float* __restrict__ grad, CeScratch* out) {
+  __shared__ double block_loss[kCeWarpsPerBlock];
+  __shared__ unsigned long long block_correct[kCeWarpsPerBlock];
+  double loss = 0.0;
+  unsigned long long correct = 0;
+  PS_GRID_STRIDE_LOOP(i, static_cast<size_t>(n)) {
+    const int32_t label = labels[i];
+    if (label != 0 && label != 1) {
+      atomicMax(&out->bad_row_code, n - static_cast<int>(i));
+      continue;
+    }
+    const float x = logits[i];
+    const float e = expf(-fabsf(x));  // no overflow for any logit
+    loss += static_cast<double>(fmaxf(x, 0.0f) - x * static_cast<float>(label) + log1pf(e));
+    if ((x > 0.0f) == (label == 1)) ++correct;
+    if (grad != nullptr) {
+      const float sigmoid = x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+      grad[i] = (sigmoid - static_cast<float>(label)) * grad_scale;
+    }
+  }
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+    loss += __shfl_xor_sync(0xffffffffu, loss, offset);
+    correct += __shfl_xor_sync(0xffffffffu, correct, offset);
+  }
+  const int warp = threadIdx.x / kWarp;
+  if (threadIdx.x % kWarp == 0) {
+    block_loss[warp] = loss;
+    block_correct[warp] = correct;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double l = 0.0;
+    unsigned long long c = 0;
+    for (int w = 0; w < kCeWarpsPerBlock; ++w) {
+      l += block_loss[w];
+      c += block_correct[w];
     }
     if (l != 0.0) atomicAdd(&out->loss_sum, l);
     if (c != 0) atomicAdd(&out->correct, c);
@@ -564,6 +609,122 @@ class CudaKernels final : public Kernels {
     return Status::Ok();
   }
 
+  Status Copy2d(int rows, int cols, const float* src, int src_stride, float* dst,
+                int dst_stride) override {
+    PS_RETURN_IF_ERROR(CheckCopy2d(rows, cols, src_stride, dst_stride));
+    if (rows == 0 || cols == 0) return Status::Ok();
+    PS_RETURN_IF_ERROR(Activate());
+    constexpr size_t kF = sizeof(float);
+    PS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy2DAsync(dst, dst_stride * kF, src, src_stride * kF, cols * kF, rows,
+                          cudaMemcpyDeviceToDevice, stream_.get()),
+        "cudaMemcpy2DAsync(" + std::to_string(rows) + " x " + std::to_string(cols) + " floats)");
+    return Status::Ok();
+  }
+
+  Status SigmoidCrossEntropy(int n, const float* logits, const int32_t* labels, float grad_scale,
+                             float* grad_logits, double* host_loss_sum,
+                             int64_t* host_correct) override {
+    PS_RETURN_IF_ERROR(CheckNonNegative("SigmoidCrossEntropy", "n", n));
+    if (n == 0) {
+      if (host_loss_sum != nullptr) *host_loss_sum = 0;
+      if (host_correct != nullptr) *host_correct = 0;
+      return Status::Ok();
+    }
+    PS_RETURN_IF_ERROR(Activate());
+    auto* scratch = static_cast<CeScratch*>(scratch_.get());
+    PS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(scratch, 0, sizeof(CeScratch), stream_.get()),
+                            "cudaMemsetAsync(sigmoid scratch)");
+    // kThreads per block: the kernel's reduction has a slot per warp of that block size.
+    SigmoidCeKernel<<<Blocks(n), kThreads, 0, stream_.get()>>>(n, logits, labels, grad_scale,
+                                                               grad_logits, scratch);
+    PS_CUDA_RETURN_IF_LAUNCH_FAILED("SigmoidCrossEntropy");
+    auto* host = static_cast<CeScratch*>(host_scratch_.get());
+    PS_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(host, scratch, sizeof(CeScratch), cudaMemcpyDeviceToHost, stream_.get()),
+        "cudaMemcpyAsync(sigmoid result to host)");
+    PS_RETURN_IF_ERROR(Sync("cudaStreamSynchronize after SigmoidCrossEntropy"));
+    if (host->bad_row_code != 0) {
+      const int i = n - host->bad_row_code;
+      int32_t label = 0;
+      PS_RETURN_IF_ERROR(CopyToHost(&label, labels + i, sizeof(label)));
+      return InvalidArgument("SigmoidCrossEntropy: label " + std::to_string(label) +
+                             " of element " + std::to_string(i) + " is neither 0 nor 1");
+    }
+    if (host_loss_sum != nullptr) *host_loss_sum = host->loss_sum;
+    if (host_correct != nullptr) *host_correct = static_cast<int64_t>(host->correct);
+    return Status::Ok();
+  }
+
+  Status DropoutMask(size_t n, float keep_prob, uint64_t seed, uint8_t* mask) override {
+    PS_RETURN_IF_ERROR(CheckKeepProb("DropoutMask", keep_prob));
+    PS_RETURN_IF_ERROR(Activate());
+    PS_CUDA_RETURN_IF_ERROR(
+        LaunchDropoutMask(n, DropoutThreshold(keep_prob), seed, mask, max_blocks_, stream_.get()),
+        "DropoutMask kernel launch");
+    return Status::Ok();
+  }
+  Status DropoutForward(size_t n, float keep_prob, const uint8_t* mask, const float* x,
+                        float* y) override {
+    return ApplyMask("DropoutForward", n, keep_prob, mask, x, y);
+  }
+  Status DropoutBackward(size_t n, float keep_prob, const uint8_t* mask, const float* dy,
+                         float* dx) override {
+    return ApplyMask("DropoutBackward", n, keep_prob, mask, dy, dx);
+  }
+
+  Status Im2Col(const Conv2dShape& shape, const float* image, float* col) override {
+    PS_RETURN_IF_ERROR(CheckShape("Im2Col", shape));
+    PS_RETURN_IF_ERROR(Activate());
+    PS_CUDA_RETURN_IF_ERROR(LaunchIm2Col(shape, image, col, max_blocks_, stream_.get()),
+                            "Im2Col kernel launch");
+    return Status::Ok();
+  }
+  Status Col2Im(const Conv2dShape& shape, const float* col, float* image) override {
+    PS_RETURN_IF_ERROR(CheckShape("Col2Im", shape));
+    PS_RETURN_IF_ERROR(Activate());
+    PS_CUDA_RETURN_IF_ERROR(LaunchCol2Im(shape, col, image, max_blocks_, stream_.get()),
+                            "Col2Im kernel launch");
+    return Status::Ok();
+  }
+
+  Status AddChannelBias(int batch, int channels, int spatial, const float* bias,
+                        float* y) override {
+    PS_RETURN_IF_ERROR(CheckChannelSizes("AddChannelBias", batch, channels, spatial));
+    PS_RETURN_IF_ERROR(Activate());
+    PS_CUDA_RETURN_IF_ERROR(
+        LaunchAddChannelBias(batch, channels, spatial, bias, y, max_blocks_, stream_.get()),
+        "AddChannelBias kernel launch");
+    return Status::Ok();
+  }
+  Status ChannelBiasGrad(int batch, int channels, int spatial, const float* dy,
+                         float* db) override {
+    PS_RETURN_IF_ERROR(CheckChannelSizes("ChannelBiasGrad", batch, channels, spatial));
+    PS_RETURN_IF_ERROR(Activate());
+    PS_CUDA_RETURN_IF_ERROR(
+        LaunchChannelBiasGrad(batch, channels, spatial, dy, db, max_blocks_, stream_.get()),
+        "ChannelBiasGrad kernel launch");
+    return Status::Ok();
+  }
+
+  Status MaxPool2dForward(const Pool2dShape& shape, const float* x, float* y,
+                          int32_t* argmax) override {
+    PS_RETURN_IF_ERROR(CheckShape("MaxPool2dForward", shape));
+    PS_RETURN_IF_ERROR(Activate());
+    PS_CUDA_RETURN_IF_ERROR(LaunchMaxPoolForward(shape, x, y, argmax, max_blocks_, stream_.get()),
+                            "MaxPool2dForward kernel launch");
+    return Status::Ok();
+  }
+  Status MaxPool2dBackward(const Pool2dShape& shape, const float* dy, const int32_t* argmax,
+                           float* dx) override {
+    PS_RETURN_IF_ERROR(CheckShape("MaxPool2dBackward", shape));
+    PS_RETURN_IF_ERROR(Activate());
+    PS_CUDA_RETURN_IF_ERROR(
+        LaunchMaxPoolBackward(shape, dy, argmax, dx, max_blocks_, stream_.get()),
+        "MaxPool2dBackward kernel launch");
+    return Status::Ok();
+  }
+
   Status GatherRows(int rows, int width, const float* table, int table_rows, const int32_t* indices,
                     float* out) override {
     PS_RETURN_IF_ERROR(CheckSparseSizes("GatherRows", rows, width, table_rows));
@@ -636,6 +797,18 @@ class CudaKernels final : public Kernels {
     PS_RETURN_IF_ERROR(CheckNonNegative(op, "rows", rows));
     PS_RETURN_IF_ERROR(CheckNonNegative(op, "width", width));
     return CheckNonNegative(op, "table_rows", table_rows);
+  }
+
+  // out = in * mask / keep_prob, the two Dropout passes.
+  Status ApplyMask(const char* op_name, size_t n, float keep_prob, const uint8_t* mask,
+                   const float* in, float* out) {
+    PS_RETURN_IF_ERROR(CheckKeepProb(op_name, keep_prob));
+    PS_RETURN_IF_ERROR(Activate());
+    // The scale is computed here, on the host, as the CPU backend does: the same bits.
+    PS_CUDA_RETURN_IF_ERROR(
+        LaunchApplyMask(n, 1.0f / keep_prob, mask, in, out, max_blocks_, stream_.get()),
+        std::string(op_name) + " kernel launch");
+    return Status::Ok();
   }
 
   template <typename In, typename Out, typename Op>

@@ -13,7 +13,7 @@
 // Errors: every op returns a Status. The CUDA backend checks its arguments on the host
 // before launching; what only the device can see (an out-of-range row index, a fault in a
 // kernel) is returned by the next call that waits for the stream: Synchronize, CopyToHost,
-// SoftmaxCrossEntropy.
+// SoftmaxCrossEntropy, SigmoidCrossEntropy.
 #pragma once
 
 #include <cstddef>
@@ -47,6 +47,61 @@ struct KernelsOptions {
   GemmPrecision gemm_precision = GemmPrecision::kFp32;
 };
 
+// The geometry of a 2-D convolution over a batch of NCHW float images with square K x K
+// filters: input x is batch x in_channels x height x width, filters w are out_channels x
+// in_channels x K x K (row-major, so w is an out_channels x (in_channels*K*K) matrix),
+// output y is batch x out_channels x OutHeight() x OutWidth(). Padding adds `padding` zeros
+// on each side of both image axes.
+struct Conv2dShape {
+  int batch = 1;         // N; 0 is allowed (then dw and db are zeros, the empty sums)
+  int in_channels = 1;   // C
+  int height = 1;        // H
+  int width = 1;         // W
+  int out_channels = 1;  // F
+  int kernel = 1;        // K
+  int stride = 1;
+  int padding = 0;
+
+  // floor((H + 2 * padding - K) / stride) + 1, and the same over W. These three and
+  // WorkspaceFloats() are meaningful for a shape that Validate() accepts.
+  int OutHeight() const;
+  int OutWidth() const;
+  // Rows of one image's im2col matrix: C * K * K.
+  int ColRows() const;
+  // Floats of the workspace the Conv2d ops need: one image's im2col matrix, ColRows() x
+  // OutHeight() * OutWidth(). 0 for a pointwise convolution (K = 1, stride 1, padding 0),
+  // whose input already is its im2col matrix.
+  size_t WorkspaceFloats() const;
+  // InvalidArgument naming the field unless: batch >= 0, C, H, W, F, K, stride >= 1,
+  // padding >= 0, K <= H + 2 * padding and K <= W + 2 * padding, and the GEMM dimensions
+  // (C * K * K, OutHeight() * OutWidth(), H * W) and H + 2 * padding, W + 2 * padding fit
+  // an int. Every op that takes a Conv2dShape checks it first.
+  Status Validate() const;
+};
+
+// The geometry of 2-D max pooling over NCHW float images with square window x window
+// windows: x is batch x channels x height x width, y is batch x channels x OutHeight() x
+// OutWidth(). Padded positions never win (as if they held -infinity).
+struct Pool2dShape {
+  int batch = 1;  // 0 is allowed (nothing is read or written)
+  int channels = 1;
+  int height = 1;
+  int width = 1;
+  int window = 2;
+  int stride = 2;
+  int padding = 0;
+
+  // floor((H + 2 * padding - window) / stride) + 1, and the same over W; meaningful for a
+  // shape that Validate() accepts.
+  int OutHeight() const;
+  int OutWidth() const;
+  // InvalidArgument naming the field unless: batch >= 0, channels, H, W, window, stride >= 1,
+  // 0 <= padding <= window / 2 (so that every window holds at least one real pixel),
+  // window <= H + 2 * padding and window <= W + 2 * padding, and H * W, H + 2 * padding and
+  // W + 2 * padding fit an int. Every op that takes a Pool2dShape checks it first.
+  Status Validate() const;
+};
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -71,7 +126,7 @@ class Kernels {
   // before the call returns, so host_src may be reused at once. From AllocHostPinned
   // memory (or other page-locked memory) the copy runs asynchronously on the backend's
   // stream: host_src must stay unchanged until the next call that waits for the stream
-  // (Synchronize, CopyToHost, SoftmaxCrossEntropy) returns.
+  // (Synchronize, CopyToHost, SoftmaxCrossEntropy, SigmoidCrossEntropy) returns.
   virtual Status CopyToDevice(void* dst, const void* host_src, size_t bytes) = 0;
   // Returns when the data is on the host (after every op issued before it).
   virtual Status CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
@@ -103,6 +158,86 @@ class Kernels {
                                      double* host_loss_sum, int64_t* host_correct) = 0;
   // y = alpha * x, in place, n elements.
   virtual Status Scale(size_t n, float alpha, float* x) = 0;
+  // dst[i * dst_stride + j] = src[i * src_stride + j] for a rows x cols block, strides in
+  // floats (>= cols; InvalidArgument otherwise). Concatenation along columns and its
+  // backward pass: a part of width w goes to (or comes from) column offset o of a
+  // rows x total matrix with Copy2d(rows, w, part, w, out + o, total). The two blocks must
+  // not overlap.
+  virtual Status Copy2d(int rows, int cols, const float* src, int src_stride, float* dst,
+                        int dst_stride) = 0;
+  // Sigmoid cross-entropy over n independent logits with binary int32 labels (0 or 1):
+  // loss_i = log(1 + exp(x_i)) - label_i * x_i, computed in the form that neither overflows
+  // nor loses the small values, max(x, 0) - x * label + log1p(exp(-|x|)). Writes
+  // grad_logits = (sigmoid(x) - label) * grad_scale (may be null to skip), into
+  // *host_loss_sum the summed loss and into *host_correct the number of i where
+  // (x_i > 0) == (label_i == 1) (both host pointers, valid when the call returns; so the
+  // call waits for the stream, like SoftmaxCrossEntropy). A label other than 0 or 1 is an
+  // InvalidArgument error naming it; the CPU backend then leaves grad_logits untouched.
+  virtual Status SigmoidCrossEntropy(int n, const float* logits, const int32_t* labels,
+                                     float grad_scale, float* grad_logits, double* host_loss_sum,
+                                     int64_t* host_correct) = 0;
+
+  // ---- dropout (inverted: kept values are scaled by 1 / keep_prob) ----
+  // The mask is made on the backend from a counter-based hash of (seed, i), integer
+  // arithmetic only: every backend makes the same mask for the same seed, n and keep_prob,
+  // and no random state lives between calls. Use a new seed per step (a base seed plus the
+  // step number will do). keep_prob must lie in (0, 1]; 1 keeps everything.
+  //
+  // mask[i] = 1 with probability keep_prob, else 0, for i in [0, n).
+  virtual Status DropoutMask(size_t n, float keep_prob, uint64_t seed, uint8_t* mask) = 0;
+  // y[i] = x[i] * mask[i] / keep_prob; x == y (in place) is allowed.
+  virtual Status DropoutForward(size_t n, float keep_prob, const uint8_t* mask, const float* x,
+                                float* y) = 0;
+  // dx[i] = dy[i] * mask[i] / keep_prob, with the mask of the forward pass; dy == dx is allowed.
+  virtual Status DropoutBackward(size_t n, float keep_prob, const uint8_t* mask, const float* dy,
+                                 float* dx) = 0;
+
+  // ---- convolution (im2col + GEMM, as Caffe does it) ----
+  // The three Conv2d ops are built from the primitives after them (Im2Col, Col2Im, Gemm,
+  // AddChannelBias, ChannelBiasGrad), image by image, the same calls on every backend.
+  // `workspace` holds shape.WorkspaceFloats() floats, allocated once by the caller
+  // (AllocBytes) and reusable across calls and layers; no op allocates. It may be null when
+  // WorkspaceFloats() is 0. Outputs are overwritten, never accumulated into. The shape is
+  // checked first (Conv2dShape::Validate); a bad one is an InvalidArgument error.
+  //
+  // y = conv(x, w) + bias, with bias[out_channels] added to every pixel of its channel
+  // (bias may be null: no bias).
+  Status Conv2dForward(const Conv2dShape& shape, const float* x, const float* w, const float* bias,
+                       float* y, float* workspace);
+  // dx = the gradient of the loss with respect to x, given dy (shaped like y) and w.
+  Status Conv2dBackwardData(const Conv2dShape& shape, const float* dy, const float* w, float* dx,
+                            float* workspace);
+  // dw (shaped like w) and db[out_channels] (may be null to skip) = the gradients of the
+  // loss with respect to w and the bias, summed over the batch, given x and dy.
+  Status Conv2dBackwardFilter(const Conv2dShape& shape, const float* x, const float* dy, float* dw,
+                              float* db, float* workspace);
+
+  // One image (C x H x W, shape.batch and shape.out_channels ignored) to its im2col matrix,
+  // ColRows() x OutHeight() * OutWidth(): col[(c * K + ky) * K + kx, oy * OW + ox] =
+  // image[c, oy * stride - padding + ky, ox * stride - padding + kx], 0 in the padding.
+  virtual Status Im2Col(const Conv2dShape& shape, const float* image, float* col) = 0;
+  // The adjoint of Im2Col: image (overwritten) = the sum, for each pixel, of the col
+  // entries Im2Col would have copied it to, added in the order of col's rows.
+  virtual Status Col2Im(const Conv2dShape& shape, const float* col, float* image) = 0;
+  // y[n, c, s] += bias[c] for a batch x channels x spatial array (NCHW with spatial = H * W).
+  virtual Status AddChannelBias(int batch, int channels, int spatial, const float* bias,
+                                float* y) = 0;
+  // db[c] = sum over n and s of dy[n, c, s] (overwrites db; zeros when batch or spatial is 0).
+  virtual Status ChannelBiasGrad(int batch, int channels, int spatial, const float* dy,
+                                 float* db) = 0;
+
+  // ---- max pooling ----
+  // y[n, c, oy, ox] = the maximum of x over the window at (oy * stride - padding,
+  // ox * stride - padding), and argmax (may be null to skip; batch x channels x OH x OW) its
+  // position in the image plane, iy * W + ix. Ties go to the first in row-major order; a
+  // NaN in the window wins (the first one), so that a diverging run shows in y.
+  virtual Status MaxPool2dForward(const Pool2dShape& shape, const float* x, float* y,
+                                  int32_t* argmax) = 0;
+  // dx (overwritten) = dy routed back through argmax: each pixel gets the sum of the dy of
+  // the outputs whose argmax it is, added in the outputs' row-major order. REQUIRES: argmax
+  // as MaxPool2dForward wrote it for this shape.
+  virtual Status MaxPool2dBackward(const Pool2dShape& shape, const float* dy, const int32_t* argmax,
+                                   float* dx) = 0;
 
   // ---- sparse embedding rows ----
   // `table` is a table_rows x width matrix, `indices` holds `rows` row numbers (device

@@ -564,6 +564,282 @@ TEST_F(CudaKernelsTest, PinnedCopiesOverlapAndStayInOrder) {
   for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(got[i], 2.0f * all[i]) << i;
 }
 
+// ---- layer ops: convolution, pooling, channel bias, sigmoid CE, dropout ----
+// Tolerances: where both backends add the same values in the same order (Im2Col, Col2Im,
+// AddChannelBias, max pooling, dropout) the results must be equal; where the sums run in
+// different orders (cuBLAS against OpenBLAS in the convolutions, the reductions) each
+// element may differ by about 1e-6 per term summed, terms being products of values in
+// [-1, 1].
+
+Conv2dShape Conv(int n, int c, int h, int w, int f, int k, int stride, int pad) {
+  Conv2dShape s;
+  s.batch = n;
+  s.in_channels = c;
+  s.height = h;
+  s.width = w;
+  s.out_channels = f;
+  s.kernel = k;
+  s.stride = stride;
+  s.padding = pad;
+  return s;
+}
+
+// Small odd shapes (padding 0 and 1, strides 1 and 2, non-square, 1 and 3 channels,
+// pointwise, an empty batch) and two of a CNN's real sizes.
+const std::vector<Conv2dShape> kConvShapes = {
+    Conv(2, 1, 5, 7, 3, 3, 1, 0),     Conv(2, 3, 6, 5, 4, 3, 1, 1),
+    Conv(1, 3, 7, 9, 2, 3, 2, 1),     Conv(3, 1, 8, 6, 2, 2, 2, 0),
+    Conv(2, 3, 5, 4, 4, 1, 1, 0),     Conv(1, 2, 3, 4, 3, 5, 1, 2),
+    Conv(0, 3, 5, 5, 2, 3, 1, 1),     Conv(8, 3, 32, 32, 16, 3, 1, 1),
+    Conv(4, 16, 14, 14, 32, 5, 1, 2), Conv(2, 1, 28, 28, 8, 5, 2, 0)};
+
+TEST_F(CudaKernelsTest, Conv2dMatchesCpu) {
+  for (const Conv2dShape& s : kConvShapes) {
+    SCOPED_TRACE(testing::Message()
+                 << "N=" << s.batch << " C=" << s.in_channels << " H=" << s.height
+                 << " W=" << s.width << " F=" << s.out_channels << " K=" << s.kernel
+                 << " stride=" << s.stride << " pad=" << s.padding);
+    const size_t pixels = static_cast<size_t>(s.OutHeight()) * s.OutWidth();
+    const size_t x_size = static_cast<size_t>(s.batch) * s.in_channels * s.height * s.width;
+    const size_t y_size = static_cast<size_t>(s.batch) * s.out_channels * pixels;
+    const size_t w_size = static_cast<size_t>(s.out_channels) * s.ColRows();
+    const std::vector<float> x = RandomVector(x_size, rng_), w = RandomVector(w_size, rng_);
+    const std::vector<float> bias = RandomVector(s.out_channels, rng_);
+    const std::vector<float> dy = RandomVector(y_size, rng_);
+    std::vector<float> y(y_size), dx(x_size), dw(w_size), db(s.out_channels);
+    std::vector<float> ws(s.WorkspaceFloats());
+    ASSERT_TRUE(cpu_->Conv2dForward(s, x.data(), w.data(), bias.data(), y.data(), ws.data()).ok());
+    ASSERT_TRUE(cpu_->Conv2dBackwardData(s, dy.data(), w.data(), dx.data(), ws.data()).ok());
+    ASSERT_TRUE(
+        cpu_->Conv2dBackwardFilter(s, x.data(), dy.data(), dw.data(), db.data(), ws.data()).ok());
+
+    DeviceBuffer<float> d_x = Upload(x), d_w = Upload(w), d_bias = Upload(bias), d_dy = Upload(dy);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    DeviceBuffer<float> d_y = Upload(std::vector<float>(y_size, nan));
+    DeviceBuffer<float> d_dx = Upload(std::vector<float>(x_size, nan));
+    DeviceBuffer<float> d_dw = Upload(std::vector<float>(w_size, nan));
+    DeviceBuffer<float> d_db = Upload(std::vector<float>(s.out_channels, nan));
+    DeviceBuffer<float> d_ws = Upload(std::vector<float>(s.WorkspaceFloats()));
+    ASSERT_TRUE(
+        gpu_->Conv2dForward(s, d_x.get(), d_w.get(), d_bias.get(), d_y.get(), d_ws.get()).ok());
+    ASSERT_TRUE(gpu_->Conv2dBackwardData(s, d_dy.get(), d_w.get(), d_dx.get(), d_ws.get()).ok());
+    ASSERT_TRUE(
+        gpu_->Conv2dBackwardFilter(s, d_x.get(), d_dy.get(), d_dw.get(), d_db.get(), d_ws.get())
+            .ok());
+    const double tol_y = 1e-6 * (s.ColRows() + 2);
+    const double tol_x = 1e-6 * (s.out_channels * s.kernel * s.kernel + 1);
+    const double tol_w = 1e-6 * (s.batch * pixels + 1);
+    const std::vector<float> got_y = Download(d_y), got_dx = Download(d_dx);
+    const std::vector<float> got_dw = Download(d_dw), got_db = Download(d_db);
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(got_y[i], y[i], tol_y) << "y " << i;
+    for (size_t i = 0; i < dx.size(); ++i) ASSERT_NEAR(got_dx[i], dx[i], tol_x) << "dx " << i;
+    for (size_t i = 0; i < dw.size(); ++i) ASSERT_NEAR(got_dw[i], dw[i], tol_w) << "dw " << i;
+    for (size_t i = 0; i < db.size(); ++i) ASSERT_NEAR(got_db[i], db[i], tol_w) << "db " << i;
+  }
+  Status s = gpu_->Conv2dForward(Conv(1, 1, 2, 2, 1, 3, 1, 0), nullptr, nullptr, nullptr, nullptr,
+                                 nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+}
+
+TEST_F(CudaKernelsTest, Im2ColAndCol2ImEqualCpu) {
+  for (Conv2dShape s : kConvShapes) {
+    s.batch = 1;
+    SCOPED_TRACE(testing::Message()
+                 << "C=" << s.in_channels << " H=" << s.height << " W=" << s.width
+                 << " K=" << s.kernel << " stride=" << s.stride << " pad=" << s.padding);
+    const size_t col_size = static_cast<size_t>(s.ColRows()) * s.OutHeight() * s.OutWidth();
+    const std::vector<float> x =
+        RandomVector(static_cast<size_t>(s.in_channels) * s.height * s.width, rng_);
+    const std::vector<float> c = RandomVector(col_size, rng_);
+    std::vector<float> col(col_size), image(x.size());
+    ASSERT_TRUE(cpu_->Im2Col(s, x.data(), col.data()).ok());
+    ASSERT_TRUE(cpu_->Col2Im(s, c.data(), image.data()).ok());
+    DeviceBuffer<float> d_x = Upload(x), d_c = Upload(c);
+    DeviceBuffer<float> d_col = Upload(std::vector<float>(col_size, 5.0f));
+    DeviceBuffer<float> d_image = Upload(std::vector<float>(x.size(), 5.0f));
+    ASSERT_TRUE(gpu_->Im2Col(s, d_x.get(), d_col.get()).ok());
+    ASSERT_TRUE(gpu_->Col2Im(s, d_c.get(), d_image.get()).ok());
+    EXPECT_EQ(Download(d_col), col);
+    EXPECT_EQ(Download(d_image), image);  // the same additions in the same order
+  }
+}
+
+TEST_F(CudaKernelsTest, ChannelBiasMatchesCpu) {
+  for (const auto& [n, c, sp] : std::vector<std::tuple<int, int, int>>{{2, 3, 5},
+                                                                       {1, 1, 1},
+                                                                       {64, 32, 196},
+                                                                       {0, 3, 4},
+                                                                       {3, 2, 0},
+                                                                       {2, 1000, 3},
+                                                                       {1, 2, 100000}}) {
+    SCOPED_TRACE(testing::Message() << n << "x" << c << "x" << sp);
+    const size_t size = static_cast<size_t>(n) * c * sp;
+    std::vector<float> y = RandomVector(size, rng_);
+    const std::vector<float> bias = RandomVector(c, rng_);
+    DeviceBuffer<float> d_y = Upload(y), d_bias = Upload(bias);
+    DeviceBuffer<float> d_db = Upload(std::vector<float>(c, 99.0f));
+    std::vector<float> db(c);
+    ASSERT_TRUE(gpu_->ChannelBiasGrad(n, c, sp, d_y.get(), d_db.get()).ok());
+    ASSERT_TRUE(cpu_->ChannelBiasGrad(n, c, sp, y.data(), db.data()).ok());
+    const std::vector<float> got = Download(d_db);
+    // Both sum in double; only the final rounding to float may differ.
+    for (int j = 0; j < c; ++j) ASSERT_NEAR(got[j], db[j], 1e-6 * (std::abs(db[j]) + 1)) << j;
+    ASSERT_TRUE(gpu_->AddChannelBias(n, c, sp, d_bias.get(), d_y.get()).ok());
+    ASSERT_TRUE(cpu_->AddChannelBias(n, c, sp, bias.data(), y.data()).ok());
+    EXPECT_EQ(Download(d_y), y);
+  }
+}
+
+TEST_F(CudaKernelsTest, MaxPoolEqualsCpu) {
+  struct PoolCase {
+    int n, c, h, w, window, stride, pad;
+  };
+  const std::vector<PoolCase> cases = {{2, 3, 6, 8, 2, 2, 0},    {1, 2, 7, 5, 2, 2, 0},
+                                       {2, 1, 5, 6, 3, 2, 1},    {1, 2, 4, 7, 3, 1, 1},
+                                       {0, 2, 4, 4, 2, 2, 0},    {64, 32, 28, 28, 2, 2, 0},
+                                       {8, 16, 15, 13, 3, 2, 1}, {1, 1, 1, 9, 1, 1, 0}};
+  std::uniform_int_distribution<int> small(0, 2);
+  for (const PoolCase& pc : cases) {
+    for (bool ties : {false, true}) {
+      SCOPED_TRACE(testing::Message()
+                   << pc.n << "x" << pc.c << "x" << pc.h << "x" << pc.w << " window=" << pc.window
+                   << " stride=" << pc.stride << " pad=" << pc.pad << " ties=" << ties);
+      Pool2dShape s;
+      s.batch = pc.n;
+      s.channels = pc.c;
+      s.height = pc.h;
+      s.width = pc.w;
+      s.window = pc.window;
+      s.stride = pc.stride;
+      s.padding = pc.pad;
+      const size_t in_size = static_cast<size_t>(pc.n) * pc.c * pc.h * pc.w;
+      const size_t out_size = static_cast<size_t>(pc.n) * pc.c * s.OutHeight() * s.OutWidth();
+      std::vector<float> x = RandomVector(in_size, rng_);
+      if (ties) {
+        for (float& v : x) v = static_cast<float>(small(rng_));
+      }
+      if (in_size > 5) x[5] = std::numeric_limits<float>::quiet_NaN();
+      const std::vector<float> dy = RandomVector(out_size, rng_);
+      std::vector<float> y(out_size), dx(in_size);
+      std::vector<int32_t> arg(out_size);
+      ASSERT_TRUE(cpu_->MaxPool2dForward(s, x.data(), y.data(), arg.data()).ok());
+      ASSERT_TRUE(cpu_->MaxPool2dBackward(s, dy.data(), arg.data(), dx.data()).ok());
+      DeviceBuffer<float> d_x = Upload(x), d_dy = Upload(dy);
+      DeviceBuffer<float> d_y = Upload(std::vector<float>(out_size, -9.0f));
+      DeviceBuffer<float> d_dx = Upload(std::vector<float>(in_size, -9.0f));
+      DeviceBuffer<int32_t> d_arg = Upload(std::vector<int32_t>(out_size, -9));
+      ASSERT_TRUE(gpu_->MaxPool2dForward(s, d_x.get(), d_y.get(), d_arg.get()).ok());
+      ASSERT_TRUE(gpu_->MaxPool2dBackward(s, d_dy.get(), d_arg.get(), d_dx.get()).ok());
+      const std::vector<float> got_y = Download(d_y);
+      ASSERT_EQ(got_y.size(), y.size());
+      for (size_t i = 0; i < y.size(); ++i) {
+        if (std::isnan(y[i])) {
+          ASSERT_TRUE(std::isnan(got_y[i])) << i;
+        } else {
+          ASSERT_EQ(got_y[i], y[i]) << i;
+        }
+      }
+      EXPECT_EQ(Download(d_arg), arg);
+      EXPECT_EQ(Download(d_dx), dx);  // the same additions in the same order
+    }
+  }
+}
+
+TEST_F(CudaKernelsTest, SigmoidCrossEntropyMatchesCpu) {
+  for (int n : {1, 7, 1000, 100003}) {
+    SCOPED_TRACE(n);
+    std::vector<float> x = RandomVector(n, rng_, -20.0f, 20.0f);
+    x[0] = 0.0f;
+    if (n > 2) x[1] = 1e30f;
+    std::vector<int32_t> labels(n);
+    std::bernoulli_distribution coin(0.3);
+    for (int32_t& l : labels) l = coin(rng_) ? 1 : 0;
+    std::vector<float> grad(n);
+    double cpu_loss = 0, gpu_loss = 0;
+    int64_t cpu_correct = 0, gpu_correct = 0;
+    ASSERT_TRUE(cpu_->SigmoidCrossEntropy(n, x.data(), labels.data(), 0.25f, grad.data(), &cpu_loss,
+                                          &cpu_correct)
+                    .ok());
+    DeviceBuffer<float> d_x = Upload(x), d_grad = Upload(std::vector<float>(n, 9.0f));
+    DeviceBuffer<int32_t> d_labels = Upload(labels);
+    ASSERT_TRUE(gpu_->SigmoidCrossEntropy(n, d_x.get(), d_labels.get(), 0.25f, d_grad.get(),
+                                          &gpu_loss, &gpu_correct)
+                    .ok());
+    // float per element on the GPU, double on the CPU: ~1e-6 relative each.
+    EXPECT_NEAR(gpu_loss, cpu_loss, 1e-6 * (std::abs(cpu_loss) + n));
+    EXPECT_EQ(gpu_correct, cpu_correct);
+    const std::vector<float> got = Download(d_grad);
+    for (int i = 0; i < n; ++i) ASSERT_NEAR(got[i], grad[i], 2e-7) << i;
+  }
+}
+
+TEST_F(CudaKernelsTest, SigmoidCrossEntropyEmptyAndBadLabels) {
+  double loss = 7;
+  int64_t correct = 7;
+  ASSERT_TRUE(gpu_->SigmoidCrossEntropy(0, nullptr, nullptr, 1.0f, nullptr, &loss, &correct).ok());
+  EXPECT_EQ(loss, 0.0);
+  EXPECT_EQ(correct, 0);
+  std::vector<int32_t> labels(5000, 1);
+  labels[4000] = -1;
+  labels[1234] = 2;
+  DeviceBuffer<float> d_x = Upload(std::vector<float>(5000, 0.0f));
+  DeviceBuffer<int32_t> d_labels = Upload(labels);
+  Status s =
+      gpu_->SigmoidCrossEntropy(5000, d_x.get(), d_labels.get(), 1.0f, nullptr, &loss, &correct);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("label 2 of element 1234"), std::string::npos) << s.message();
+  labels[4000] = labels[1234] = 0;
+  d_labels = Upload(labels);
+  ASSERT_TRUE(
+      gpu_->SigmoidCrossEntropy(5000, d_x.get(), d_labels.get(), 1.0f, nullptr, &loss, &correct)
+          .ok());
+  EXPECT_NEAR(loss, 5000 * std::log(2.0), 1e-3);
+}
+
+TEST_F(CudaKernelsTest, Copy2dEqualsCpu) {
+  for (const auto& [rows, cols, src_stride, dst_stride] :
+       std::vector<std::tuple<int, int, int, int>>{
+           {3, 2, 2, 5}, {1, 1, 1, 1}, {1000, 13, 40, 13}, {0, 4, 4, 4}, {7, 0, 0, 3}}) {
+    SCOPED_TRACE(testing::Message()
+                 << rows << "x" << cols << " strides " << src_stride << ", " << dst_stride);
+    const std::vector<float> src = RandomVector(static_cast<size_t>(rows) * src_stride, rng_);
+    std::vector<float> dst(static_cast<size_t>(rows) * dst_stride, -1.0f);
+    DeviceBuffer<float> d_src = Upload(src), d_dst = Upload(dst);
+    ASSERT_TRUE(cpu_->Copy2d(rows, cols, src.data(), src_stride, dst.data(), dst_stride).ok());
+    ASSERT_TRUE(gpu_->Copy2d(rows, cols, d_src.get(), src_stride, d_dst.get(), dst_stride).ok());
+    EXPECT_EQ(Download(d_dst), dst);  // the columns past cols keep their -1
+  }
+  EXPECT_EQ(gpu_->Copy2d(2, 3, nullptr, 2, nullptr, 3).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(CudaKernelsTest, DropoutEqualsCpu) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, (size_t{1} << 20) + 3}) {
+    for (float p : {0.2f, 0.5f, 1.0f}) {
+      SCOPED_TRACE(testing::Message() << "n=" << n << " p=" << p);
+      const uint64_t seed = 0x1234567890abcdefull + n;
+      std::vector<uint8_t> mask(n);
+      ASSERT_TRUE(cpu_->DropoutMask(n, p, seed, mask.data()).ok());
+      DeviceBuffer<uint8_t> d_mask = Upload(std::vector<uint8_t>(n, 7));
+      ASSERT_TRUE(gpu_->DropoutMask(n, p, seed, d_mask.get()).ok());
+      EXPECT_EQ(Download(d_mask), mask);  // the same mask from the same seed
+
+      const std::vector<float> x = RandomVector(n, rng_);
+      std::vector<float> y(n), dx(n);
+      ASSERT_TRUE(cpu_->DropoutForward(n, p, mask.data(), x.data(), y.data()).ok());
+      ASSERT_TRUE(cpu_->DropoutBackward(n, p, mask.data(), y.data(), dx.data()).ok());
+      DeviceBuffer<float> d_x = Upload(x), d_y = Upload(std::vector<float>(n));
+      ASSERT_TRUE(gpu_->DropoutForward(n, p, d_mask.get(), d_x.get(), d_y.get()).ok());
+      EXPECT_EQ(Download(d_y), y);
+      // Backward in place.
+      ASSERT_TRUE(gpu_->DropoutBackward(n, p, d_mask.get(), d_y.get(), d_y.get()).ok());
+      EXPECT_EQ(Download(d_y), dx);
+    }
+  }
+  EXPECT_EQ(gpu_->DropoutMask(4, 0.0f, 1, nullptr).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(gpu_->DropoutForward(4, 2.0f, nullptr, nullptr, nullptr).code(),
+            StatusCode::kInvalidArgument);
+}
+
 // ---- device selection ----
 
 TEST(CudaMakeKernelsTest, AutoPicksTheGpu) {
