@@ -16,6 +16,7 @@
 #include "common/optimizer.h"
 #include "common/row_init.h"
 #include "common/run_files.h"
+#include "common/run_summary.h"
 #include "kernels/kernels.h"
 #include "worker/idx_reader.h"
 #include "worker/mlp.h"
@@ -299,13 +300,14 @@ Status StandaloneRun::Evaluate(int epoch, bool final_eval) {
   PS_RETURN_IF_ERROR(mlp_->Evaluate(test_.pixels.data(), test_.labels.data(),
                                     static_cast<int>(test_.count), Values(), &r));
   const double n = static_cast<double>(std::max<int64_t>(1, r.examples));
-  json line = {{"kind", "eval"},
-               {"worker", 0},
-               {"epoch", epoch},
-               {"final", final_eval},
-               {"test_examples", r.examples},
-               {"test_loss", r.loss_sum / n},
-               {"test_accuracy", static_cast<double>(r.correct) / n}};
+  EvalLine eval;
+  eval.worker = 0;
+  eval.epoch = epoch;
+  eval.final = final_eval;
+  eval.test_examples = r.examples;
+  eval.test_loss = r.loss_sum / n;
+  eval.test_accuracy = static_cast<double>(r.correct) / n;
+  const json line = eval.ToJson();
   metrics_->Append(line);
   if (options_.print_progress) {
     std::printf("epoch %d/%d  test_loss %.4f  test_acc %.4f  %.1fs%s\n", epoch, config_.epochs,
@@ -320,72 +322,60 @@ Status StandaloneRun::Evaluate(int epoch, bool final_eval) {
 // A train line of metrics.jsonl for the steps since the last one (`seconds` ago), with the
 // keys a job's worker reports.
 void StandaloneRun::AppendTrainLine(const Batch& batch, double seconds) {
-  const double count = static_cast<double>(train_.count);
-  metrics_->Append({{"kind", "train"},
-                    {"worker", 0},
-                    {"epoch", batch.epoch},
-                    {"epoch_fraction", static_cast<double>(batch.begin + batch.n) / count},
-                    {"step", stats_.steps},
-                    {"clock", stats_.steps},
-                    {"examples", interval_.examples},
-                    {"loss", interval_.loss_sum / interval_.examples},
-                    {"accuracy", static_cast<double>(interval_.correct) / interval_.examples},
-                    {"examples_per_sec", interval_.examples / seconds},
-                    {"wait_seconds", 0.0},
-                    {"clock_lag_max", 0},
-                    {"staleness_mean", 0.0},
-                    {"lr", lr_}});
+  const double examples = static_cast<double>(interval_.examples);
+  TrainLine line;
+  line.worker = 0;
+  line.epoch = batch.epoch;
+  line.epoch_fraction =
+      static_cast<double>(batch.begin + batch.n) / static_cast<double>(train_.count);
+  line.step = stats_.steps;
+  line.clock = stats_.steps;
+  line.examples = interval_.examples;
+  line.loss = interval_.loss_sum / examples;
+  line.accuracy = static_cast<double>(interval_.correct) / examples;
+  line.examples_per_sec = examples / seconds;
+  line.lr = lr_;
+  metrics_->Append(line.ToJson());
 }
 
 Status StandaloneRun::WriteSummary(const Status& outcome, json* summary_out) {
   const RunStats& st = stats_;
   const double examples_per_sec = st.train_seconds > 0 ? st.examples / st.train_seconds : 0.0;
-  json s;
-  s["mode"] = "standalone";
-  s["status"] = outcome.ok() ? "ok" : "failed";
-  if (!outcome.ok()) s["error"] = outcome.ToString();
-  s["test_accuracy"] = st.last_eval.value("test_accuracy", 0.0);
-  s["test_loss"] = st.last_eval.value("test_loss", 0.0);
-  s["epochs"] = config_.epochs;
-  s["wall_seconds"] = SecondsSince(wall_start_);
-  s["train_seconds"] = st.train_seconds;
-  s["train_start_time"] = st.train_start_unix;
-  s["examples"] = st.examples;
-  s["examples_per_epoch"] = st.examples_per_epoch;
-  s["batch_size"] = config_.batch_size;
-  s["examples_per_sec"] = examples_per_sec;
-  s["pushes_applied"] = st.steps * static_cast<int64_t>(params_.size());
-  s["pushes_rejected"] = 0;
-  s["pushes_dropped"] = 0;
-  s["pulls_held"] = 0;
-  s["bytes_pushed"] = 0;
-  s["bytes_pulled"] = 0;
-  s["staleness"] = config_.staleness;
-  s["max_clock_lag_seen"] = 0;
-  s["max_staleness_seen"] = 0;
-  s["mean_staleness"] = 0.0;
-  s["p99_staleness"] = 0;
-  s["wait_seconds"] = 0.0;
+  RunSummary r;
+  r.mode = "standalone";
+  r.ok = outcome.ok();
+  if (!outcome.ok()) r.error = outcome.ToString();
+  r.test_accuracy = st.last_eval.value("test_accuracy", 0.0);
+  r.test_loss = st.last_eval.value("test_loss", 0.0);
+  r.epochs = config_.epochs;
+  r.wall_seconds = SecondsSince(wall_start_);
+  r.train_seconds = st.train_seconds;
+  r.train_start_time = st.train_start_unix;
+  r.examples = st.examples;
+  r.examples_per_epoch = st.examples_per_epoch;
+  r.batch_size = config_.batch_size;
+  r.examples_per_sec = examples_per_sec;
+  r.pushes_applied = st.steps * static_cast<int64_t>(params_.size());
+  r.staleness = config_.staleness;
+  WorkerSummary w;
+  w.device = kernels_->DeviceName();
+  w.host = "localhost";
+  w.examples = st.examples;
+  w.steps = st.steps;
+  w.seconds = st.train_seconds;
+  w.compute_seconds = st.compute_seconds;
+  w.batch_size = config_.batch_size;
+  w.examples_per_sec = examples_per_sec;
+  w.failed = !outcome.ok();
   // In one process there is no pull or push: `pull` is copying values out of rows that
   // carry optimizer state, `push` is applying the update (the servers' work in a job).
-  s["workers"] = json::array({{{"id", 0},
-                               {"device", kernels_->DeviceName()},
-                               {"host", "localhost"},
-                               {"examples", st.examples},
-                               {"steps", st.steps},
-                               {"seconds", st.train_seconds},
-                               {"wait_seconds", 0.0},
-                               {"compute_seconds", st.compute_seconds},
-                               {"batch_size", config_.batch_size},
-                               {"examples_per_sec", examples_per_sec},
-                               {"failed", !outcome.ok()},
-                               {"step_seconds",
-                                {{"compute", st.compute_seconds},
-                                 {"pull", st.copy_seconds},
-                                 {"push", st.apply_seconds},
-                                 {"wait", 0.0}}}}});
-  s["servers"] = json::array();
-  s["config"] = config_.ToFlagMap();
+  w.step_seconds = std::map<std::string, double>{{"compute", st.compute_seconds},
+                                                 {"pull", st.copy_seconds},
+                                                 {"push", st.apply_seconds},
+                                                 {"wait", 0.0}};
+  r.workers.push_back(std::move(w));
+  r.config = config_.ToFlagMap();
+  const json s = r.ToJson();
   PS_RETURN_IF_ERROR(WriteJsonFile(options_.run_dir + "/summary.json", s));
   if (summary_out != nullptr) *summary_out = s;
   if (options_.print_progress) {
