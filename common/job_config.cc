@@ -183,6 +183,8 @@ const std::vector<Field>& Fields() {
       IntField("max_iter", &JobConfig::max_iter, 1, INT64_MAX),
       IntField("warmup_iters", &JobConfig::warmup_iters, 0, INT64_MAX),
       StringField("staleness_lr", &JobConfig::staleness_lr, {"none", "inverse", "sqrt"}),
+      IntField("softsync", &JobConfig::softsync, 0, 65536),
+      DoubleField("divergence_loss_ratio", &JobConfig::divergence_loss_ratio, 0, 1e12, false),
       IntField("seed", &JobConfig::seed, 0, INT64_MAX),
       StringField("data_dir", &JobConfig::data_dir),
       StringField("train_data", &JobConfig::train_data),

@@ -76,6 +76,13 @@ struct JobConfig {
   // Examples per data lease: workers lease chunks of each epoch from the coordinator.
   int chunk_examples = 2048;
 
+  // n-softsync (server/softsync.h): a server applies the mean of this many pushes to a
+  // dense table as one update. 1: each push at once (asynchronous SGD); 0: the number of
+  // workers (every update one global batch, a gradient about one update stale).
+  int softsync = 1;
+  // The pushes per update that `softsync` means for this job.
+  int PushesPerUpdate() const { return softsync == 0 ? num_workers : softsync; }
+
   // ---- optimizer (applied on the servers) ----
   // sgd | momentum | nesterov | adagrad | adam | adamw
   std::string optimizer = "sgd";
@@ -104,6 +111,10 @@ struct JobConfig {
   // Staleness-aware learning rate (Zhang et al. 2016): none | inverse | sqrt divides the
   // step's learning rate by the gradient's staleness (or its square root; 0 counts as 1).
   std::string staleness_lr = "none";
+  // The job stops with status "diverged" (common/divergence.h) when a worker's mean
+  // training loss exceeds this many times the job's first reported loss (or is not finite,
+  // whatever this is). 0: only non-finite losses and gradients count.
+  double divergence_loss_ratio = 10;
   uint64_t seed = 1;                                           // initializers and data order
   std::string data_dir = "/usr/share/datasets/fashion-mnist";  // mlp: IDX files
   std::string train_data;  // sparse_lr: LIBSVM training file (gzip or plain)

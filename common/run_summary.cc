@@ -261,8 +261,9 @@ EvalLine EvalLine::FromJson(const json& j) {
 json RunSummary::ToJson() const {
   json j;
   Put(j, "mode", mode);
-  j["status"] = ok ? "ok" : "failed";
+  j["status"] = ok ? "ok" : divergence ? "diverged" : "failed";
   Put(j, "error", error);
+  if (divergence) j["divergence"] = divergence->ToJson();
   j["test_accuracy"] = test_accuracy;
   j["test_loss"] = test_loss;
   Put(j, "test_auc", test_auc);
@@ -300,6 +301,8 @@ RunSummary RunSummary::FromJson(const json& j) {
   Get(j, "mode", &s.mode);
   s.ok = j.is_object() && j.value("status", "") == "ok";
   Get(j, "error", &s.error);
+  if (j.is_object() && j.contains("divergence"))
+    s.divergence = Divergence::FromJson(j["divergence"]);
   Get(j, "test_accuracy", &s.test_accuracy);
   Get(j, "test_loss", &s.test_loss);
   Get(j, "test_auc", &s.test_auc);

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "common/divergence.h"
+
 namespace ps {
 
 // What a metrics line is, from its "kind" (kOther: a line this file does not type).
@@ -142,8 +144,9 @@ struct JobTotals {
 // summary.json.
 struct RunSummary {
   std::optional<std::string> mode;  // "standalone" for a one-process run
-  bool ok = false;                  // "status": "ok" | "failed"
+  bool ok = false;  // "status": "ok" | "failed" | "diverged" (not ok, with `divergence`)
   std::optional<std::string> error;
+  std::optional<Divergence> divergence;  // why the job stopped as diverged
   double test_accuracy = 0, test_loss = 0;
   std::optional<double> test_auc;
   int epochs = 0;

@@ -100,8 +100,11 @@ Status WriteRunSummary(const RunSummary& summary, const std::string& run_dir) {
   const std::string path = run_dir + "/summary.json";
   PS_RETURN_IF_ERROR(WriteJsonFile(path, summary.ToJson()));
   std::printf("%s: test_acc %.4f  test_loss %.4f  %.0f ex/s  %.1fs wall  -> %s\n",
-              summary.ok ? "done" : "FAILED", summary.test_accuracy, summary.test_loss,
-              summary.examples_per_sec, summary.wall_seconds, path.c_str());
+              summary.ok           ? "done"
+              : summary.divergence ? "DIVERGED"
+                                   : "FAILED",
+              summary.test_accuracy, summary.test_loss, summary.examples_per_sec,
+              summary.wall_seconds, path.c_str());
   std::fflush(stdout);
   return Status::Ok();
 }
@@ -118,6 +121,7 @@ RunSummary BuildSummary(const SummaryInputs& in) {
   RunSummary s;
   s.ok = in.outcome.ok();
   if (!in.outcome.ok()) s.error = in.outcome.ToString();
+  if (!s.ok) s.divergence = in.divergence;
   if (in.eval) {
     s.test_accuracy = in.eval->test_accuracy;
     s.test_loss = in.eval->test_loss;

@@ -20,6 +20,7 @@ namespace ps {
 
 struct SummaryInputs {
   Status outcome;                         // the job's
+  std::optional<Divergence> divergence;   // set: the job stopped because the model diverged
   const JobConfig* config = nullptr;      // required
   double wall_seconds = 0;                // since the coordinator started
   double train_seconds = 0;               // since the job was assembled (0: it never was)

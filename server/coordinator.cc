@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/divergence.h"
 #include "common/run_files.h"
 #include "common/run_summary.h"
 #include "common/wire.h"
@@ -89,6 +90,8 @@ class CoordinatorJob {
   Status AnswerHeldLeases();
   Status MaybeReleaseBarrier();
   Status OnStopSignal();
+  // The model diverged (a worker's check, or the loss watch): the job stops at once.
+  void OnDiverged(Divergence d);
 
   // ---- the end ----
   Status WriteSummary(const Status& outcome, std::vector<ServerSummary> servers);
@@ -108,6 +111,8 @@ class CoordinatorJob {
   Failover failover_;
   Progress progress_;
   FailureLog failures_;
+  LossWatch loss_watch_{config_.divergence_loss_ratio};
+  std::optional<Divergence> divergence_;  // the first sign of divergence; ends Train
   Clock::time_point job_start_, train_start_;
   double train_start_unix_ = 0;  // metrics lines' "time" minus this: seconds into training
   uint64_t messages_during_training_ = 0;  // requests from workers while the job ran
@@ -325,6 +330,7 @@ Status CoordinatorJob::Train(const std::atomic<bool>& stop) {
                  InvalidArgument(std::string("malformed request: ") + e.getDescription().cStr()));
       progress_.Print(false, Elapsed());
     }
+    if (divergence_) return Aborted("the model diverged: " + divergence_->reason);
   }
   for (size_t i = 0; i < members_.workers().size(); ++i) {
     const WorkerResult& r = members_.workers()[i].result;
@@ -623,9 +629,19 @@ Status CoordinatorJob::OnWorkerReport(const std::string& peer, int w, uint64_t r
   }
   metrics_->Append(report);
   switch (KindOf(report)) {
-    case MetricsLineKind::kTrain:
-      progress_.OnTrain(TrainLine::FromJson(report), members_, Elapsed());
+    case MetricsLineKind::kTrain: {
+      TrainLine line = TrainLine::FromJson(report);
+      if (std::optional<std::string> why = loss_watch_.OnLoss(line.loss)) {
+        Divergence d;
+        d.reason = *why;
+        d.worker = w;
+        d.clock = line.clock;
+        d.loss = line.loss;
+        OnDiverged(std::move(d));
+      }
+      progress_.OnTrain(line, members_, Elapsed());
       break;
+    }
     case MetricsLineKind::kEval:
       progress_.OnEval(EvalLine::FromJson(report), Elapsed());
       break;
@@ -653,6 +669,14 @@ Status CoordinatorJob::OnDone(const std::string& peer, int w, uint64_t rid,
     r.totals = totals;
   } else {
     LOG(WARNING) << "worker " << w << " sent malformed totals; they are left out";
+  }
+  if (r.failed && r.totals.contains("divergence")) {
+    if (std::optional<Divergence> d = Divergence::FromJson(r.totals["divergence"])) {
+      d->worker = w;
+      OnDiverged(std::move(*d));
+      ReplyError(peer, rid, Aborted("the job stopped: the model diverged"));
+      return Status::Ok();
+    }
   }
   if (r.failed) {
     LOG(ERROR) << "worker " << w << " failed: " << r.message;
@@ -757,9 +781,19 @@ Status CoordinatorJob::OnStopSignal() {
                              options_.stop_checkpoint_timeout, progress_.servers());
 }
 
+void CoordinatorJob::OnDiverged(Divergence d) {
+  if (divergence_) return;  // the first sign is the one to report
+  d.advice = DivergenceAdvice(config_);
+  divergence_ = std::move(d);
+  LOG(ERROR) << divergence_->Describe();
+  std::printf("%s\n", divergence_->Describe().c_str());
+  std::fflush(stdout);
+}
+
 Status CoordinatorJob::WriteSummary(const Status& outcome, std::vector<ServerSummary> servers) {
   SummaryInputs in;
   in.outcome = outcome;
+  in.divergence = divergence_;
   in.config = &config_;
   in.wall_seconds = std::chrono::duration<double>(Clock::now() - job_start_).count();
   in.train_seconds = members_.assembled() ? Elapsed() : 0.0;

@@ -59,6 +59,12 @@ DEFINE_int64(max_iter, kDefaults.max_iter, "poly, cosine: where the schedule end
 DEFINE_int64(warmup_iters, kDefaults.warmup_iters, "linear warmup iterations (0: none)");
 DEFINE_string(staleness_lr, kDefaults.staleness_lr,
               "none | inverse | sqrt: divide the lr by the gradient's staleness");
+DEFINE_int32(softsync, kDefaults.softsync,
+             "n-softsync: servers apply the mean of this many pushes as one update (1: each "
+             "push at once; 0: the number of workers)");
+DEFINE_double(divergence_loss_ratio, kDefaults.divergence_loss_ratio,
+              "stop the job as diverged when a mean training loss exceeds this many times the "
+              "first reported one (0: only non-finite losses and gradients)");
 DEFINE_uint64(seed, kDefaults.seed, "seed of initializers and data order");
 DEFINE_string(data_dir, kDefaults.data_dir, "directory of the IDX data files");
 DEFINE_double(report_every_seconds, kDefaults.report_every_seconds,

@@ -87,7 +87,49 @@ Status ServerCore::CreateTables(const StoreOptions& store) {
     tables_.push_back(std::move(table));
     table_staleness_.push_back(config_.StalenessOf(t));
   }
+  std::vector<RowRange> held;
+  std::vector<uint32_t> width;
+  std::vector<bool> dense;
+  for (const TableSpec& t : config_.table_specs) {
+    held.push_back(t.dense() ? shard_map_.DenseRangeOf(t.id, server_id_) : RowRange{});
+    width.push_back(t.width);
+    dense.push_back(t.dense());
+  }
+  softsync_ = std::make_unique<SoftSync>(config_.PushesPerUpdate(), held, width, dense);
   return Status::Ok();
+}
+
+Status ServerCore::ApplySoftSyncIfDue(uint32_t table_id, int64_t min_live_clock) {
+  if (!softsync_->Due(table_id, min_live_clock)) return Status::Ok();
+  SoftSync::Pending sum = softsync_->TakeMean(table_id);
+  Addressed a;
+  a.table = &tables_[table_id];
+  a.is_range = true;
+  a.range = sum.held;
+  a.rows = sum.held.size();
+  const size_t width = a.table->width();
+  const size_t state_floats = a.table->stride() - width;
+  const int64_t iteration = sum.newest_clock * config_.num_workers;
+  const float lr =
+      static_cast<float>(lr_policy_.Rate(iteration, static_cast<int64_t>(sum.mean_staleness)));
+  PS_RETURN_IF_ERROR(ParallelForEachRow(a, /*for_write=*/true, [&](size_t i, float* row) {
+    if (sum.counts[i] == 0) return;
+    optimizer_->Apply(std::span<float>(row, width), std::span<float>(row + width, state_floats),
+                      sum.mean.subspan(i * width, width), lr);
+  }));
+  softsync_->Clear(table_id);
+  ++shard_version_[table_id];
+  return Status::Ok();
+}
+
+void ServerCore::ApplyDueSoftSyncs() {
+  if (!softsync_->enabled()) return;
+  const int64_t min_clock = MinLiveClock();
+  for (uint32_t t = 0; t < softsync_->tables(); ++t) {
+    // Dense rows live in memory: applying a sum cannot fail on the spill tier.
+    Status s = ApplySoftSyncIfDue(t, min_clock);
+    if (!s.ok()) LOG(ERROR) << "server " << server_id_ << ": " << s.ToString();
+  }
 }
 
 template <typename Fn>
@@ -384,6 +426,21 @@ Result<Frames> ServerCore::ApplyPush(wire::Header::Reader h, const CheckedPush& 
   // per clock, so it reads the same whatever W is.
   const int64_t iteration = push.getClock() * config_.num_workers;
   const float lr = static_cast<float>(lr_policy_.Rate(iteration, static_cast<int64_t>(staleness)));
+  if (softsync_->sums(push.getTableId()) && a.is_range) {
+    // --softsync: into the table's sum; applied as one update when due (server/softsync.h).
+    softsync_->Add(push.getTableId(), a.range, checked.grads, push.getClock(), staleness,
+                   !push.getMoreChunks());
+    if (!push.getMoreChunks()) {
+      ++stats_.pushes_applied;
+      RecordStaleness(staleness);
+    }
+    stats_.bytes_pushed += checked.wire_bytes;
+    PS_RETURN_IF_ERROR(ApplySoftSyncIfDue(push.getTableId(), MinLiveClock()));
+    reply.setRowsApplied(a.rows);
+    reply.setLearningRate(lr);
+    out.push_back(EncodeFrame(b));
+    return out;
+  }
   const size_t state_floats = a.table->stride() - width;
   // An error here is the spill tier's (disk); rows before it are applied.
   // Apply is const and keeps no scratch: safe on several threads for different rows.
@@ -464,6 +521,8 @@ Result<Frames> ServerCore::HandlePull(const std::string& peer, DecodedHeader& de
 }
 
 void ServerCore::ReleaseHeldPulls(std::vector<Outgoing>* out) {
+  // The clock table changed: sums holding pushes the released pulls must see go first.
+  ApplyDueSoftSyncs();
   const int64_t min_clock = MinLiveClock();
   const auto now = Clock::now();
   for (auto it = held_.begin(); it != held_.end();) {

@@ -60,6 +60,7 @@
 #include "common/wire_dtype.h"
 #include "server/apply_pool.h"
 #include "server/recent_requests.h"
+#include "server/softsync.h"
 #include "server/table.h"
 
 namespace ps {
@@ -287,6 +288,10 @@ class ServerCore {
   // The slowest live worker's clock (INT64_MAX when none is live) and who it is.
   int64_t MinLiveClock(int* slowest = nullptr) const;
   void ReleaseHeldPulls(std::vector<Outgoing>* out);
+  // --softsync (server/softsync.h): applies table t's sum of pushes when it is due.
+  Status ApplySoftSyncIfDue(uint32_t table_id, int64_t min_live_clock);
+  // Every table's, after a change of the clock table.
+  void ApplyDueSoftSyncs();
   void RecordStaleness(uint64_t staleness);
 
   JobConfig config_;
@@ -301,7 +306,8 @@ class ServerCore {
   std::vector<bool> left_;               // per worker
   std::vector<bool> evicted_;            // per worker
   RecentRequests recent_pushes_;
-  std::deque<HeldPull> held_;  // in arrival order
+  std::unique_ptr<SoftSync> softsync_;  // set by CreateTables; off unless --softsync > 1
+  std::deque<HeldPull> held_;           // in arrival order
   ServerStats stats_;
   std::vector<float*> fetched_;      // scratch of ForEachRow
   std::unique_ptr<ApplyPool> pool_;  // null: one thread

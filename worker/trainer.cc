@@ -4,11 +4,13 @@
 #include <kj/exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <optional>
 #include <random>
 #include <thread>
 
+#include "common/gradient_check.h"
 #include "common/heartbeat.h"
 #include "common/registration.h"
 #include "common/run_summary.h"
@@ -286,22 +288,24 @@ json TrainingLoop::Totals() const {
     return ms[k];
   };
   json pull_wait = {{"p50", percentile(0.5)}, {"p99", percentile(0.99)}, {"max", percentile(1.0)}};
-  return {{"pull_wait_ms", pull_wait},
-          {"examples", examples_},
-          {"steps", steps_},
-          {"clock", client_->clock()},
-          {"seconds", prior_seconds_ + seconds_},
-          {"wait_seconds", wait_seconds_},
-          {"compute_seconds", compute_seconds_},
-          {"batch_size", batch_},
-          {"device", device_},
-          {"prefetch", prefetch_},
-          {"pushes_lost", pushes_lost_},
-          {"step_seconds",
-           {{"compute", compute_seconds_},
-            {"pull", pull_seconds_},
-            {"push", push_seconds_},
-            {"wait", wait_seconds_ + blocked_seconds_}}}};
+  json totals = {{"pull_wait_ms", pull_wait},
+                 {"examples", examples_},
+                 {"steps", steps_},
+                 {"clock", client_->clock()},
+                 {"seconds", prior_seconds_ + seconds_},
+                 {"wait_seconds", wait_seconds_},
+                 {"compute_seconds", compute_seconds_},
+                 {"batch_size", batch_},
+                 {"device", device_},
+                 {"prefetch", prefetch_},
+                 {"pushes_lost", pushes_lost_},
+                 {"step_seconds",
+                  {{"compute", compute_seconds_},
+                   {"pull", pull_seconds_},
+                   {"push", push_seconds_},
+                   {"wait", wait_seconds_ + blocked_seconds_}}}};
+  if (divergence_) totals["divergence"] = divergence_->ToJson();
+  return totals;
 }
 
 Status TrainingLoop::ReportTraining(int epoch, double epoch_fraction, bool force) {
@@ -334,6 +338,30 @@ Status TrainingLoop::ReportTraining(int epoch, double epoch_fraction, bool force
   return sink_->Report(line.ToJson());
 }
 
+Status TrainingLoop::CheckDivergence(const BatchResult& br) {
+  Divergence d;
+  d.worker = worker_id_;
+  d.clock = client_->clock();
+  if (!std::isfinite(br.loss_sum)) {
+    d.reason = "the loss of a batch is " + std::to_string(br.loss_sum);
+  } else {
+    // Dense models: one span per table, in table order. A gradient the servers would refuse
+    // is divergence too; stopping here names the table instead of a refused push.
+    std::vector<std::span<float>> grads = model_->DenseGrads();
+    for (size_t t = 0; t < grads.size() && d.reason.empty(); ++t) {
+      if (GradientsInRange(grads[t])) continue;
+      const std::string table =
+          t < config_.table_specs.size() ? config_.table_specs[t].name : std::to_string(t);
+      d.reason = "table '" + table + "' has " + CheckGradients(grads[t]).message();
+      d.table = table;
+    }
+  }
+  if (d.reason.empty()) return Status::Ok();
+  if (br.examples > 0 && std::isfinite(br.loss_sum)) d.loss = br.loss_sum / br.examples;
+  divergence_ = d;
+  return Aborted("the model diverged at clock " + std::to_string(d.clock) + ": " + d.reason);
+}
+
 Status TrainingLoop::TrainStep(std::span<const int64_t> examples, int epoch,
                                double epoch_fraction) {
   RequestInfo info;
@@ -362,6 +390,7 @@ Status TrainingLoop::TrainStep(std::span<const int64_t> examples, int epoch,
   const float scale = static_cast<float>(examples.size()) / static_cast<float>(config_.batch_size);
   BatchResult br;
   PS_RETURN_IF_ERROR(model_->Compute(examples, scale, &br));
+  PS_RETURN_IF_ERROR(CheckDivergence(br));
   if (slowdown_ > 1) {
     // A deliberate straggler (--slowdown): as if the device were this much slower.
     std::this_thread::sleep_for((SteadyClock::now() - compute_start) * (slowdown_ - 1));

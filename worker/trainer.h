@@ -44,9 +44,11 @@
 #include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/divergence.h"
 #include "common/job_config.h"
 #include "common/lease_table.h"
 #include "common/metrics.h"
@@ -210,6 +212,9 @@ class TrainingLoop {
   void SignalGroup(int64_t command);
   Status PushAndTick();
   Status WaitInFlight();
+  // After a step's compute: Aborted, with divergence_ set, when its loss is not finite or a
+  // table's gradient is not finite or beyond the servers' limit.
+  Status CheckDivergence(const BatchResult& br);
   // Waits for a prefetch in flight, if any (before evaluating, leaving, or finishing).
   Status DrainPrefetch();
   // *finished: false when `stop` cut the chunk short.
@@ -237,6 +242,9 @@ class TrainingLoop {
   GroupComm* group_ = nullptr;     // leading an all-reduce group; null: training alone
   bool in_clock_table_ = true;
   bool left_job_ = false;
+  // Set when a step's loss or gradient showed that the model diverged (common/divergence.h);
+  // Totals() carries it to the coordinator.
+  std::optional<Divergence> divergence_;
   std::chrono::milliseconds drain_finish_chunk_{0};
   bool stop_seen_ = false;
   std::chrono::steady_clock::time_point stop_time_;

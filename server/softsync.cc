@@ -1,0 +1,85 @@
+#include "server/softsync.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <climits>
+
+namespace ps {
+
+SoftSync::SoftSync(int pushes_per_update, const std::vector<RowRange>& held,
+                   const std::vector<uint32_t>& width, const std::vector<bool>& dense)
+    : per_update_(pushes_per_update), sums_(held.size()) {
+  CHECK_EQ(held.size(), width.size());
+  CHECK_EQ(held.size(), dense.size());
+  if (!enabled()) return;
+  for (size_t t = 0; t < held.size(); ++t) {
+    if (!dense[t] || held[t].size() == 0) continue;
+    TableSum& s = sums_[t];
+    s.on = true;
+    s.held = held[t];
+    s.width = width[t];
+    s.sum.assign(held[t].size() * width[t], 0.0f);
+    s.counts.assign(held[t].size(), 0);
+  }
+}
+
+void SoftSync::Add(uint32_t table, RowRange range, std::span<const float> grads, int64_t clock,
+                   uint64_t staleness, bool last_chunk) {
+  TableSum& s = sums_[table];
+  CHECK(s.on);
+  CHECK(range.begin >= s.held.begin && range.end <= s.held.end);
+  CHECK_EQ(grads.size(), range.size() * s.width);
+  const size_t first = range.begin - s.held.begin;
+  float* dst = s.sum.data() + first * s.width;
+  for (size_t i = 0; i < grads.size(); ++i) dst[i] += grads[i];
+  for (size_t r = 0; r < range.size(); ++r) ++s.counts[first + r];
+  ++s.contributions;
+  s.oldest_clock = std::min(s.oldest_clock, clock);
+  s.newest_clock = std::max(s.newest_clock, clock);
+  if (last_chunk) {
+    ++s.pushes;
+    s.staleness_sum += staleness;
+  }
+}
+
+bool SoftSync::Due(uint32_t table, int64_t min_live_clock) const {
+  const TableSum& s = sums_[table];
+  if (!s.on || s.contributions == 0) return false;
+  return s.pushes >= static_cast<uint64_t>(per_update_) || s.oldest_clock < min_live_clock;
+}
+
+SoftSync::Pending SoftSync::TakeMean(uint32_t table) {
+  TableSum& s = sums_[table];
+  CHECK(s.on && s.contributions > 0);
+  // Divided by c, not by the pushes in it: a sum applied early (the clock rule) with fewer
+  // pushes is a proportionally smaller step, as its share of one global batch.
+  for (size_t r = 0; r < s.counts.size(); ++r) {
+    const uint32_t divisor = std::max<uint32_t>(s.counts[r], static_cast<uint32_t>(per_update_));
+    if (s.counts[r] == 0 || divisor <= 1) continue;
+    const float scale = 1.0f / static_cast<float>(divisor);
+    float* row = s.sum.data() + r * s.width;
+    for (uint32_t k = 0; k < s.width; ++k) row[k] *= scale;
+  }
+  Pending p;
+  p.held = s.held;
+  p.mean = s.sum;
+  p.counts = s.counts;
+  p.newest_clock = s.newest_clock;
+  p.pushes = s.pushes;
+  p.mean_staleness = s.pushes > 0 ? (s.staleness_sum + s.pushes / 2) / s.pushes : 0;
+  return p;
+}
+
+void SoftSync::Clear(uint32_t table) {
+  TableSum& s = sums_[table];
+  std::fill(s.sum.begin(), s.sum.end(), 0.0f);
+  std::fill(s.counts.begin(), s.counts.end(), 0u);
+  s.contributions = 0;
+  s.pushes = 0;
+  s.oldest_clock = INT64_MAX;
+  s.newest_clock = 0;
+  s.staleness_sum = 0;
+}
+
+}  // namespace ps

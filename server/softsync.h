@@ -1,0 +1,90 @@
+// n-softsync (Gupta et al., "Model Accuracy and Runtime Tradeoff in Distributed Deep
+// Learning", 2016): a server sums the gradients of `--softsync=c` pushes to a dense table
+// and applies their mean as one update, instead of applying each push at the full rate.
+// With c = the number of workers, every update is one "global batch" of all workers and a
+// gradient is at most about one update stale, whatever the staleness bound lets the
+// workers' clocks drift; c = 1 is plain asynchronous SGD.
+//
+// When the sum is applied (SoftSync::Due): once it holds c pushes, and whenever the
+// slowest live worker's clock passes the clock of a push in it. The second rule keeps the
+// consistency model: a pull at clock t is served once the slowest clock reaches t - S, and
+// must then see every push from clocks below that, so those pushes cannot wait in the sum.
+// Both rules read only pushes and clock-table changes (ticks, leaves, evictions), which
+// replication forwards in order, so a backup's shadow applies the same sums at the same
+// points. A checkpoint at clock C holds what was applied: pushes of clocks below C always
+// are (second rule); later ones wait in the sum, as they belong after C.
+//
+// Versions and staleness: a table's version counts updates (sums applied), so a gradient's
+// staleness is in updates. The lr of a sum is the schedule's at its newest push's clock,
+// divided per --staleness_lr by its pushes' mean staleness. Sparse tables are not summed:
+// their pushes touch different rows and are applied as they come.
+//
+// Thread model: owned by one ServerCore, used on its request thread; Rows() may be read by
+// its apply threads inside a fork-join while nothing is added.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/shard_map.h"
+
+namespace ps {
+
+class SoftSync {
+ public:
+  // `pushes_per_update` is c (<= 1: off). `held[t]` is this server's row range of table t
+  // and `width[t]` its row width; ranges of sparse tables are ignored (`dense[t]` false).
+  SoftSync(int pushes_per_update, const std::vector<RowRange>& held,
+           const std::vector<uint32_t>& width, const std::vector<bool>& dense);
+
+  bool enabled() const { return per_update_ > 1; }
+  // Whether table t's pushes are summed here.
+  bool sums(uint32_t table) const { return enabled() && table < sums_.size() && sums_[table].on; }
+
+  // Adds one push's (or one chunk's) gradient for rows [range.begin, range.end) of table t.
+  // `last_chunk`: the push is complete (it counts towards c). REQUIRES: sums(t), and the
+  // range inside the held range with grads.size() == range.size() * width.
+  void Add(uint32_t table, RowRange range, std::span<const float> grads, int64_t clock,
+           uint64_t staleness, bool last_chunk);
+
+  // Whether table t's sum must be applied now: c complete pushes, or a push of a clock below
+  // `min_live_clock` (INT64_MAX when no worker is live: everything).
+  bool Due(uint32_t table, int64_t min_live_clock) const;
+  size_t tables() const { return sums_.size(); }
+
+  // The sum to apply, divided in place by c (or by a row's contributions when more): a sum
+  // of c pushes is their mean, one applied early is that share of it. `counts[i]` is 0 for
+  // rows to leave alone.
+  struct Pending {
+    RowRange held;
+    std::span<float> mean;             // held.size() x width, meaningful where count > 0
+    std::span<const uint32_t> counts;  // per held row
+    int64_t newest_clock = 0;          // for the lr schedule
+    uint64_t mean_staleness = 0;       // rounded, for --staleness_lr
+    uint64_t pushes = 0;               // complete pushes in it
+  };
+  // Turns table t's sum into means and returns it; call Clear(t) once it was applied.
+  // REQUIRES: sums(t) and something was added.
+  Pending TakeMean(uint32_t table);
+  void Clear(uint32_t table);
+  bool empty(uint32_t table) const { return sums_[table].contributions == 0; }
+
+ private:
+  struct TableSum {
+    bool on = false;
+    RowRange held;
+    uint32_t width = 0;
+    std::vector<float> sum;        // held rows x width
+    std::vector<uint32_t> counts;  // contributions per held row
+    uint64_t contributions = 0;    // chunks added
+    uint64_t pushes = 0;           // complete pushes added
+    int64_t oldest_clock = INT64_MAX;
+    int64_t newest_clock = 0;
+    uint64_t staleness_sum = 0;
+  };
+  int per_update_;
+  std::vector<TableSum> sums_;
+};
+
+}  // namespace ps

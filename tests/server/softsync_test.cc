@@ -1,0 +1,63 @@
+#include "server/softsync.h"
+
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <vector>
+
+namespace ps {
+namespace {
+
+// One dense table of 2 rows x 2 floats held here, one sparse table.
+SoftSync Make(int c) { return SoftSync(c, {RowRange{0, 2}, RowRange{}}, {2, 1}, {true, false}); }
+
+TEST(SoftSyncTest, OneOrFewerPushesPerUpdateIsOff) {
+  EXPECT_FALSE(Make(1).enabled());
+  EXPECT_FALSE(Make(1).sums(0));
+  EXPECT_TRUE(Make(2).sums(0));
+  EXPECT_FALSE(Make(2).sums(1)) << "sparse tables are applied as they come";
+}
+
+TEST(SoftSyncTest, CPushesMakeOneUpdateOfTheirMean) {
+  SoftSync s = Make(2);
+  const std::vector<float> a = {1, 2, 3, 4}, b = {3, 4, 5, 6};
+  s.Add(0, RowRange{0, 2}, a, /*clock=*/5, /*staleness=*/1, true);
+  EXPECT_FALSE(s.Due(0, /*min_live_clock=*/5)) << "one push of two, none of a passed clock";
+  s.Add(0, RowRange{0, 2}, b, 6, 2, true);
+  ASSERT_TRUE(s.Due(0, 5));
+  SoftSync::Pending p = s.TakeMean(0);
+  EXPECT_EQ(std::vector<float>(p.mean.begin(), p.mean.end()), (std::vector<float>{2, 3, 4, 5}));
+  EXPECT_EQ(p.pushes, 2u);
+  EXPECT_EQ(p.newest_clock, 6);
+  EXPECT_EQ(p.mean_staleness, 2u) << "(1 + 2) / 2 rounded";
+  s.Clear(0);
+  EXPECT_TRUE(s.empty(0));
+  EXPECT_FALSE(s.Due(0, INT64_MAX));
+}
+
+TEST(SoftSyncTest, APushOfAClockTheSlowestWorkerPassedIsDueAndWeighsItsShare) {
+  SoftSync s = Make(4);
+  const std::vector<float> g = {4, 8, 12, 16};
+  s.Add(0, RowRange{0, 2}, g, /*clock=*/3, 0, true);
+  EXPECT_FALSE(s.Due(0, 3));
+  EXPECT_TRUE(s.Due(0, 4)) << "a pull at clock 4 + S must see the pushes of clock 3";
+  SoftSync::Pending p = s.TakeMean(0);
+  EXPECT_EQ(std::vector<float>(p.mean.begin(), p.mean.end()), (std::vector<float>{1, 2, 3, 4}))
+      << "one push of four: a quarter of a global batch's step";
+}
+
+TEST(SoftSyncTest, ChunksAddUpAndCountAsOnePush) {
+  SoftSync s = Make(2);
+  const std::vector<float> first = {1, 1}, second = {2, 2};
+  s.Add(0, RowRange{0, 1}, first, 1, 0, /*last_chunk=*/false);
+  s.Add(0, RowRange{1, 2}, second, 1, 0, true);
+  s.Add(0, RowRange{0, 2}, std::vector<float>{1, 1, 2, 2}, 1, 0, true);
+  ASSERT_TRUE(s.Due(0, 0));
+  SoftSync::Pending p = s.TakeMean(0);
+  EXPECT_EQ(p.pushes, 2u);
+  EXPECT_EQ(std::vector<float>(p.mean.begin(), p.mean.end()), (std::vector<float>{1, 1, 2, 2}));
+  EXPECT_EQ(p.counts[0], 2u);
+}
+
+}  // namespace
+}  // namespace ps
