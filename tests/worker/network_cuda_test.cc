@@ -13,13 +13,13 @@
 namespace ps {
 namespace {
 
-struct Run {
+struct Outcome {
   BatchResult train, eval;
   std::vector<std::vector<float>> grads;
 };
 
-Run RunOn(const std::string& device, const NetworkSpec& spec, int batch) {
-  Run out;
+Outcome RunOn(const std::string& device, const NetworkSpec& spec, int batch) {
+  Outcome out;
   Result<std::unique_ptr<Kernels>> k = MakeKernels(device);
   EXPECT_TRUE(k.ok()) << k.status().ToString();
   if (!k.ok()) return out;
@@ -58,8 +58,8 @@ TEST(NetworkCudaTest, MatchesTheCpu) {
       "flatten,dense:32,relu,dropout:0.5,dense:10,softmax_ce");
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   const int batch = 16;
-  const Run cpu = RunOn("cpu", *spec, batch);
-  const Run gpu = RunOn("cuda", *spec, batch);
+  const Outcome cpu = RunOn("cpu", *spec, batch);
+  const Outcome gpu = RunOn("cuda", *spec, batch);
   ASSERT_EQ(cpu.grads.size(), gpu.grads.size());
   EXPECT_NEAR(cpu.train.loss_sum, gpu.train.loss_sum, 1e-3 * std::fabs(cpu.train.loss_sum));
   EXPECT_NEAR(cpu.eval.loss_sum, gpu.eval.loss_sum, 1e-3 * std::fabs(cpu.eval.loss_sum));

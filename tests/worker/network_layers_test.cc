@@ -227,6 +227,55 @@ TEST(NetworkLayersTest, NetworkParameterGradientsMatchNumericalGradient) {
   EXPECT_GT(checked, 50);
 }
 
+// sigmoid_ce: one logit per example, labels 0 or 1; the mean log loss by hand.
+TEST(NetworkLayersTest, SigmoidLossGradientsMatchNumericalGradient) {
+  std::unique_ptr<Kernels> k = Cpu();
+  Result<NetworkSpec> spec = ParseNetwork("input:5,dense:4,relu,dense:1,sigmoid_ce");
+  ASSERT_TRUE(spec.ok()) << spec.status().ToString();
+  const int batch = 4;
+  Result<std::unique_ptr<Network>> net = Network::Create(*spec, k.get(), batch);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal(0.0f, 0.7f);
+  std::vector<float> x(batch * 5);
+  for (float& v : x) v = normal(rng);
+  std::vector<int32_t> y = {1, 0, 0, 1};
+  std::vector<std::vector<float>> params, grads;
+  for (size_t n : (*net)->ParamSizes()) {
+    params.emplace_back(n);
+    for (float& v : params.back()) v = normal(rng);
+    grads.emplace_back(n);
+  }
+  std::vector<const float*> p;
+  std::vector<float*> g;
+  for (size_t i = 0; i < params.size(); ++i) {
+    p.push_back(params[i].data());
+    g.push_back(grads[i].data());
+  }
+  BatchResult r;
+  ASSERT_TRUE((*net)->ForwardBackward(x.data(), y.data(), batch, p, g, &r).ok());
+  auto mean_loss = [&] {
+    BatchResult e;
+    EXPECT_TRUE((*net)->Evaluate(x.data(), y.data(), batch, p, &e).ok());
+    return e.loss_sum / batch;
+  };
+  const float eps = 1e-3f;
+  for (size_t t = 0; t < params.size(); ++t) {
+    for (size_t i = 0; i < params[t].size(); ++i) {
+      const float keep = params[t][i];
+      params[t][i] = keep + eps;
+      const double up = mean_loss();
+      params[t][i] = keep - eps;
+      const double down = mean_loss();
+      params[t][i] = keep;
+      EXPECT_NEAR(grads[t][i], (up - down) / (2.0 * eps), 5e-3) << t << "[" << i << "]";
+    }
+  }
+  std::vector<int32_t> bad = {1, 2, 0, 1};
+  Status s = (*net)->ForwardBackward(x.data(), bad.data(), batch, p, g, nullptr);
+  EXPECT_NE(s.message().find("label 2 of example 1"), std::string::npos) << s.ToString();
+}
+
 TEST(NetworkLayersTest, ADenseNetworkComputesWhatTheMlpComputes) {
   std::unique_ptr<Kernels> k = Cpu();
   Result<NetworkSpec> spec = ParseNetwork("input:8,dense:5,relu,dense:3,softmax_ce");
