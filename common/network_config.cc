@@ -12,6 +12,11 @@ namespace {
 constexpr int64_t kMaxActivation = int64_t{1} << 26;
 constexpr int64_t kMaxDim = int64_t{1} << 24;
 
+// c * h * w, in double: the sizes come from the user and their product may overflow int64.
+double Values(const ActShape& s) {
+  return static_cast<double>(s.c) * static_cast<double>(s.h) * static_cast<double>(s.w);
+}
+
 std::string Trim(const std::string& s) {
   const size_t first = s.find_first_not_of(" \t\r\n");
   if (first == std::string::npos) return "";
@@ -162,7 +167,7 @@ Result<ActShape> ParseShape(const Item& item) {
     v.push_back(static_cast<int>(x));
   }
   ActShape s = dims.size() == 1 ? ActShape{v[0], 1, 1} : ActShape{v[0], v[1], v[2]};
-  if (s.size() > kMaxActivation) {
+  if (Values(s) > kMaxActivation) {
     return item.Error("SHAPE " + s.ToString() + " has more than " + std::to_string(kMaxActivation) +
                       " values per example");
   }
@@ -369,7 +374,7 @@ Result<NetworkSpec> ParseNetwork(const std::string& text) {
     l.text = item.text();
     l.in = in;
     PS_RETURN_IF_ERROR(ParseLayer(item, &l, &counts));
-    if (l.out.size() > kMaxActivation) {
+    if (Values(l.out) > kMaxActivation) {
       return item.Error("the output " + l.out.ToString() + " has more than " +
                         std::to_string(kMaxActivation) + " values per example");
     }

@@ -124,6 +124,15 @@ TEST(NetworkConfigTest, ShapeMismatchesSayTheShapes) {
   EXPECT_NE(e.find("the input 2 is not one logit"), std::string::npos) << e;
 }
 
+TEST(NetworkConfigTest, HugeShapesAreRefusedWithoutOverflow) {
+  EXPECT_NE(ErrorOf("input:16777216x16777216x16777216,flatten,dense:2,softmax_ce")
+                .find("values per example"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("input:1x4096x4096,conv2d:65536:1,flatten,dense:2,softmax_ce")
+                .find("the output 65536x4096x4096 has more than"),
+            std::string::npos);
+}
+
 TEST(NetworkConfigTest, TheListMustStartWithTheInputAndEndWithTheLoss) {
   EXPECT_NE(ErrorOf("").find("--network is empty"), std::string::npos);
   EXPECT_NE(ErrorOf("dense:10,softmax_ce").find("the first layer must be input"),
