@@ -477,9 +477,9 @@ Status JobConfig::Validate() const {
     return BadValue("replicas", Str(replicas),
                     "at most --num_servers (a backup is another server)");
   }
-  if (group_size > 1 && model != "mlp") {
+  if (group_size > 1 && model != "mlp" && model != "network") {
     return BadValue("group_size", std::to_string(group_size),
-                    "1 unless --model=mlp (groups all-reduce dense gradients; --model=" + model +
+                    "1 unless --model=mlp or network (groups all-reduce dense gradients; --model=" + model +
                         " pulls different rows on every worker)");
   }
   // Without a directory nothing would be written, and a later --restore=latest would find

@@ -143,7 +143,7 @@ struct JobConfig {
   // Workers per all-reduce group, formed by worker id (ids kG..kG+G-1; the last group may be
   // smaller): members sum their gradients at the group's leader, which alone pushes, pulls
   // and ticks the clock. 1: no groups (a worker's --group=NAME still groups it). Dense models
-  // only (mlp); the members of a group must share one host and one kind of device.
+  // only (mlp, network); the members of a group must share one host and one kind of device.
   int group_size = 1;
   // How long a group member waits for another before the group dissolves (no partial sum is
   // ever pushed; the survivors train on their own). Must exceed the longest step, including

@@ -156,6 +156,13 @@ TEST(NetworkConfigTest, TheJobConfigTakesItsTablesFromTheNetwork) {
   EXPECT_EQ(back->table_specs.size(), 8u);
 }
 
+// A network's tables are dense and pulled whole, like the MLP's: all-reduce groups apply.
+TEST(NetworkConfigTest, ANetworkJobMayTrainInGroups) {
+  Result<JobConfig> c =
+      JobConfig::FromFlagMap({{"model", "network"}, {"network", kCnn}, {"group_size", "2"}});
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+}
+
 TEST(NetworkConfigTest, TheJobConfigRefusesABadOrStrayNetwork) {
   Result<JobConfig> c = JobConfig::FromFlagMap(
       {{"model", "network"}, {"network", "input:1x28x28,conv2d:16:3,dense:10,softmax_ce"}});
