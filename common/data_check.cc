@@ -91,7 +91,7 @@ Status CheckIdxDir(const std::string& data_dir) {
 }  // namespace
 
 Status CheckJobData(const JobConfig& config) {
-  if (config.model == "mlp") return CheckIdxDir(config.data_dir);
+  if (config.model == "mlp" || config.model == "network") return CheckIdxDir(config.data_dir);
   if (config.model == "sparse_lr") {
     PS_RETURN_IF_ERROR(
         CheckFile(config.train_data, "train_data", "LIBSVM file", LibsvmHint(config.train_data)));

@@ -9,6 +9,8 @@
 #include <functional>
 #include <sstream>
 
+#include "common/network_config.h"
+
 namespace ps {
 namespace {
 
@@ -142,8 +144,9 @@ Field StringField(const char* name, std::string JobConfig::*member,
 // code-shape: table (one entry per job setting)
 const std::vector<Field>& Fields() {
   static const std::vector<Field> fields = {
-      StringField("model", &JobConfig::model, {"mlp", "sparse_lr", "none"}),
+      StringField("model", &JobConfig::model, {"mlp", "sparse_lr", "none", "network"}),
       StringField("mlp_layers", &JobConfig::mlp_layers),
+      StringField("network", &JobConfig::network),
       StringField("tables", &JobConfig::tables),
       IntField("num_servers", &JobConfig::num_servers, 1, 1024),
       IntField("num_workers", &JobConfig::num_workers, 1, 100000),
@@ -411,6 +414,13 @@ Result<JobConfig> JobConfig::FromFlagMap(const std::map<std::string, std::string
     }
     c.table_specs = MlpTables(layers);
   }
+  if (c.model == "network") {
+    PS_ASSIGN_OR_RETURN(NetworkSpec net, ParseNetwork(c.network));
+    c.table_specs = net.Tables();
+  } else if (!c.network.empty()) {
+    return BadValue("network", c.network, "empty unless --model=network (the model is '" +
+                                              c.model + "')");
+  }
   PS_ASSIGN_OR_RETURN(std::vector<TableSpec> extra, ParseTables(c.tables));
   for (TableSpec& t : extra) c.table_specs.push_back(std::move(t));
   for (size_t i = 0; i < c.table_specs.size(); ++i) {
@@ -469,9 +479,9 @@ Status JobConfig::Validate() const {
     return BadValue("replicas", Str(replicas),
                     "at most --num_servers (a backup is another server)");
   }
-  if (group_size > 1 && model != "mlp") {
+  if (group_size > 1 && model != "mlp" && model != "network") {
     return BadValue("group_size", std::to_string(group_size),
-                    "1 unless --model=mlp (groups all-reduce dense gradients; --model=" + model +
+                    "1 unless --model=mlp or network (groups all-reduce dense gradients; --model=" + model +
                         " pulls different rows on every worker)");
   }
   // Without a directory nothing would be written, and a later --restore=latest would find

@@ -36,10 +36,16 @@ struct JobConfig {
   // ---- the model and its tables ----
   // "mlp": a multilayer perceptron on IDX images, tables derived from mlp_layers.
   // "sparse_lr": logistic regression on LIBSVM data, a sparse table keyed by feature id.
+  // "network": the layers of `network` on IDX images (common/network_config.h).
   // "none": only the tables of `tables` (for custom clients and tests).
   std::string model = "mlp";
   // Layer widths of the MLP, input first: ReLU between layers, softmax cross-entropy last.
   std::string mlp_layers = "784,256,128,10";
+  // --model=network: the layers, input first and loss last, e.g.
+  // "input:1x28x28,conv2d:16:3:pad=1,relu,maxpool:2,flatten,dense:10,softmax_ce". The syntax
+  // of every layer kind is in common/network_config.h; each layer with parameters owns the
+  // tables convN.weight/.bias or fcN.weight/.bias. Checked at start, shapes included.
+  std::string network;
   // Extra tables, comma-separated NAME:ROWS:WIDTH[:INIT[:SCALE]] with ROWS a count or
   // "sparse" and INIT zeros|uniform|normal, e.g. "emb:sparse:16:normal:0.01".
   std::string tables;
@@ -148,7 +154,7 @@ struct JobConfig {
   // Workers per all-reduce group, formed by worker id (ids kG..kG+G-1; the last group may be
   // smaller): members sum their gradients at the group's leader, which alone pushes, pulls
   // and ticks the clock. 1: no groups (a worker's --group=NAME still groups it). Dense models
-  // only (mlp); the members of a group must share one host and one kind of device.
+  // only (mlp, network); the members of a group must share one host and one kind of device.
   int group_size = 1;
   // How long a group member waits for another before the group dissolves (no partial sum is
   // ever pushed; the survivors train on their own). Must exceed the longest step, including

@@ -7,6 +7,7 @@
 
 #include "worker/idx_reader.h"
 #include "worker/libsvm_reader.h"
+#include "worker/network.h"
 #include "worker/sparse_lr.h"
 
 namespace ps {
@@ -40,13 +41,17 @@ json EvalJson(const BatchResult& r) {
           {"test_accuracy", static_cast<double>(r.correct) / n}};
 }
 
-// ---- the MLP: every table pulled whole each step ----
+// ---- dense models (the MLP, a --network): every table pulled whole each step ----
 
-class MlpModel final : public TrainableModel {
+// Net is Mlp or Network: ForwardBackward, Evaluate and max_batch with Mlp's contract. Its
+// parameter tensors are the first num_tables tables of the job.
+template <typename Net>
+class DenseModel final : public TrainableModel {
  public:
-  MlpModel(const JobConfig& config, std::unique_ptr<Mlp> mlp, ImageDataset train, ImageDataset test)
-      : config_(config), mlp_(std::move(mlp)), train_(std::move(train)), test_(std::move(test)) {
-    for (size_t i = 0; i < MlpParamSizes(mlp_->shape()).size(); ++i) {
+  DenseModel(const JobConfig& config, std::unique_ptr<Net> net, size_t num_tables,
+             ImageDataset train, ImageDataset test)
+      : config_(config), net_(std::move(net)), train_(std::move(train)), test_(std::move(test)) {
+    for (size_t i = 0; i < num_tables; ++i) {
       const TableSpec& t = config_.table_specs[i];
       params_[0].emplace_back(t.rows * t.width);
       grads_.emplace_back(t.rows * t.width);
@@ -55,7 +60,7 @@ class MlpModel final : public TrainableModel {
   }
 
   int64_t train_examples() const override { return train_.count; }
-  int max_batch() const override { return mlp_->max_batch(); }
+  int max_batch() const override { return net_->max_batch(); }
 
   Status Pull(KVClient& client, std::span<const int64_t>, RequestInfo* info) override {
     return WaitAll(client, IssuePull(client, cur_, -1), info, &versions_);
@@ -93,7 +98,7 @@ class MlpModel final : public TrainableModel {
     }
     std::vector<float*> grads;
     for (auto& g : grads_) grads.push_back(g.data());
-    PS_RETURN_IF_ERROR(mlp_->ForwardBackward(x_.data(), y_.data(), static_cast<int>(n),
+    PS_RETURN_IF_ERROR(net_->ForwardBackward(x_.data(), y_.data(), static_cast<int>(n),
                                              ConstParams(), grads, result));
     if (grad_scale != 1.0f) {
       for (auto& g : grads_) {
@@ -122,7 +127,7 @@ class MlpModel final : public TrainableModel {
   Result<json> Evaluate(KVClient& client) override {
     PS_RETURN_IF_ERROR(Pull(client, {}, nullptr));
     BatchResult r;
-    PS_RETURN_IF_ERROR(mlp_->Evaluate(test_.pixels.data(), test_.labels.data(),
+    PS_RETURN_IF_ERROR(net_->Evaluate(test_.pixels.data(), test_.labels.data(),
                                       static_cast<int>(test_.count), ConstParams(), &r));
     return EvalJson(r);
   }
@@ -146,7 +151,7 @@ class MlpModel final : public TrainableModel {
   }
 
   const JobConfig& config_;
-  std::unique_ptr<Mlp> mlp_;
+  std::unique_ptr<Net> net_;
   ImageDataset train_, test_;
   size_t dim_ = 0;
   // Two parameter buffers: Compute reads params_[cur_] while a prefetch fills the other.
@@ -267,7 +272,33 @@ Result<std::unique_ptr<TrainableModel>> MakeMlpModel(const JobConfig& config, Ke
   }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Mlp> mlp, Mlp::Create(shape, kernels, max_batch));
   return std::unique_ptr<TrainableModel>(
-      new MlpModel(config, std::move(mlp), std::move(train), std::move(test)));
+      new DenseModel<Mlp>(config, std::move(mlp), sizes.size(), std::move(train), std::move(test)));
+}
+
+Result<std::unique_ptr<TrainableModel>> MakeNetworkModel(const JobConfig& config, Kernels* kernels,
+                                                         int max_batch, ImageDataset train,
+                                                         ImageDataset test) {
+  if (config.model != "network") return InvalidArgument("the job's model is not network");
+  PS_ASSIGN_OR_RETURN(NetworkSpec spec, ParseNetwork(config.network));
+  const std::vector<TableSpec> tables = spec.Tables();
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (i >= config.table_specs.size() || config.table_specs[i].name != tables[i].name ||
+        config.table_specs[i].rows * config.table_specs[i].width !=
+            tables[i].rows * tables[i].width) {
+      return Internal("the job's table " + std::to_string(i) + " does not match --network's '" +
+                      tables[i].name + "'");
+    }
+  }
+  const int64_t inputs = static_cast<int64_t>(train.rows) * train.cols;
+  if (inputs != spec.input.size()) {
+    return InvalidArgument("the data has " + std::to_string(inputs) + " inputs per example (" +
+                           std::to_string(train.rows) + "x" + std::to_string(train.cols) +
+                           ") but --network's input is " + spec.input.ToString());
+  }
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<Network> net,
+                      Network::Create(spec, kernels, max_batch, config.seed));
+  return std::unique_ptr<TrainableModel>(new DenseModel<Network>(
+      config, std::move(net), tables.size(), std::move(train), std::move(test)));
 }
 
 Result<std::unique_ptr<TrainableModel>> LoadModel(const JobConfig& config, Kernels* kernels,
@@ -277,6 +308,12 @@ Result<std::unique_ptr<TrainableModel>> LoadModel(const JobConfig& config, Kerne
     PS_ASSIGN_OR_RETURN(ImageDataset train, LoadIdxDataset(config.data_dir, "train"));
     PS_ASSIGN_OR_RETURN(ImageDataset test, LoadIdxDataset(config.data_dir, "t10k"));
     return MakeMlpModel(config, kernels, max_batch, std::move(train), std::move(test));
+  }
+  if (config.model == "network") {
+    LOG(INFO) << "loading " << config.data_dir;
+    PS_ASSIGN_OR_RETURN(ImageDataset train, LoadIdxDataset(config.data_dir, "train"));
+    PS_ASSIGN_OR_RETURN(ImageDataset test, LoadIdxDataset(config.data_dir, "t10k"));
+    return MakeNetworkModel(config, kernels, max_batch, std::move(train), std::move(test));
   }
   if (config.model == "sparse_lr") {
     if (config.table_specs.size() < 2 || config.table_specs[0].name != "lr.weight" ||
@@ -295,7 +332,7 @@ Result<std::unique_ptr<TrainableModel>> LoadModel(const JobConfig& config, Kerne
         new SparseLrModel(config, max_batch, std::move(train), std::move(test)));
   }
   return InvalidArgument(
-      "ps_worker trains --model=mlp or --model=sparse_lr; this job's model "
+      "ps_worker trains --model=mlp, --model=network or --model=sparse_lr; this job's model "
       "is '" +
       config.model + "'");
 }

@@ -4,6 +4,8 @@
 //
 //   MLP (--model=mlp): dense tables fcL.weight / fcL.bias, pulled whole every step; IDX
 //     image data (Fashion-MNIST).
+//   Network (--model=network): the layers of --network (worker/network.h), dense tables
+//     convN.* / fcN.* pulled whole every step, like the MLP; IDX image data.
 //   Sparse logistic regression (--model=sparse_lr): a sparse table `lr.weight` of width 1
 //     keyed by feature id, and a one-row `lr.bias`; each step pulls only the features its
 //     batch touches. LIBSVM data.
@@ -69,6 +71,12 @@ class TrainableModel {
 Result<std::unique_ptr<TrainableModel>> MakeMlpModel(const JobConfig& config, Kernels* kernels,
                                                      int max_batch, ImageDataset train,
                                                      ImageDataset test);
+
+// The network of config.network (--model=network) on these data sets; its input shape must
+// hold the images' pixels (e.g. input:1x28x28 for 28x28 images).
+Result<std::unique_ptr<TrainableModel>> MakeNetworkModel(const JobConfig& config, Kernels* kernels,
+                                                         int max_batch, ImageDataset train,
+                                                         ImageDataset test);
 
 // Loads the job's data (config.data_dir, or config.train_data / test_data) and builds its
 // model. max_batch bounds the batches the model will be asked to compute.

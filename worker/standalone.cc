@@ -20,6 +20,7 @@
 #include "kernels/kernels.h"
 #include "worker/idx_reader.h"
 #include "worker/mlp.h"
+#include "worker/network.h"
 #include "worker/trainer.h"
 
 namespace ps {
@@ -67,9 +68,9 @@ struct Batch {
 };
 
 Status CheckStandaloneJob(const JobConfig& config, const StandaloneOptions& options) {
-  if (config.model != "mlp") {
-    return InvalidArgument("--standalone trains --model=mlp; this job's model is '" + config.model +
-                           "'");
+  if (config.model != "mlp" && config.model != "network") {
+    return InvalidArgument("--standalone trains --model=mlp or network; this job's model is '" +
+                           config.model + "'");
   }
   if (config.auto_batch) {
     return InvalidArgument("--standalone needs a fixed --batch_size, not auto");
@@ -87,6 +88,7 @@ class StandaloneRun {
   // Creates the run directory and metrics log, loads the data, builds the model and the
   // tables with their initial rows.
   Status Open();
+  Status CreateModel();  // mlp_ or net_, for the data loaded
   // Every epoch, each followed by an evaluation; the first error stops it.
   Status Train();
   // summary.json (and *summary_out, may be null) for a run that ended with `outcome`.
@@ -112,7 +114,9 @@ class StandaloneRun {
   ImageDataset train_;
   ImageDataset test_;
   size_t dim_ = 0;  // floats per example
+  // The model: the MLP, or the --network (--model=network).
   std::unique_ptr<Mlp> mlp_;
+  std::unique_ptr<Network> net_;
   std::unique_ptr<Optimizer> optimizer_;
   std::optional<LrPolicy> lr_policy_;
   std::vector<Param> params_;
@@ -132,20 +136,36 @@ Status StandaloneRun::Open() {
   LOG(INFO) << "standalone on " << kernels_->DeviceName() << "; loading " << config_.data_dir;
   PS_ASSIGN_OR_RETURN(train_, LoadIdxDataset(config_.data_dir, "train"));
   PS_ASSIGN_OR_RETURN(test_, LoadIdxDataset(config_.data_dir, "t10k"));
-  PS_ASSIGN_OR_RETURN(std::vector<int> layers, ParseIntList("mlp_layers", config_.mlp_layers));
   dim_ = static_cast<size_t>(train_.rows) * static_cast<size_t>(train_.cols);
-  if (static_cast<int64_t>(dim_) != layers.front()) {
-    return InvalidArgument("the data has " + std::to_string(dim_) +
-                           " inputs per example but --mlp_layers starts with " +
-                           std::to_string(layers.front()));
-  }
-  PS_ASSIGN_OR_RETURN(mlp_, Mlp::Create(MlpShape{layers}, kernels_.get(), config_.batch_size));
+  PS_RETURN_IF_ERROR(CreateModel());
   PS_ASSIGN_OR_RETURN(optimizer_, MakeOptimizer(config_));
   PS_ASSIGN_OR_RETURN(LrPolicy lr_policy, LrPolicy::Create(config_));
   lr_policy_.emplace(std::move(lr_policy));
   x_.resize(static_cast<size_t>(config_.batch_size) * dim_);
   y_.resize(static_cast<size_t>(config_.batch_size));
   return BuildTables();
+}
+
+Status StandaloneRun::CreateModel() {
+  if (config_.model == "network") {
+    PS_ASSIGN_OR_RETURN(NetworkSpec spec, ParseNetwork(config_.network));
+    if (static_cast<int64_t>(dim_) != spec.input.size()) {
+      return InvalidArgument("the data has " + std::to_string(dim_) +
+                             " inputs per example but --network's input is " +
+                             spec.input.ToString());
+    }
+    PS_ASSIGN_OR_RETURN(net_,
+                        Network::Create(spec, kernels_.get(), config_.batch_size, config_.seed));
+    return Status::Ok();
+  }
+  PS_ASSIGN_OR_RETURN(std::vector<int> layers, ParseIntList("mlp_layers", config_.mlp_layers));
+  if (static_cast<int64_t>(dim_) != layers.front()) {
+    return InvalidArgument("the data has " + std::to_string(dim_) +
+                           " inputs per example but --mlp_layers starts with " +
+                           std::to_string(layers.front()));
+  }
+  PS_ASSIGN_OR_RETURN(mlp_, Mlp::Create(MlpShape{layers}, kernels_.get(), config_.batch_size));
+  return Status::Ok();
 }
 
 // Every table whole, initialized as a server initializes the rows it holds.
@@ -261,8 +281,10 @@ Status StandaloneRun::Step(const Batch& batch, BatchResult* result) {
 
 // The batch's mean gradient, scaled as a worker scales a short batch's.
 Status StandaloneRun::ComputeGradients(const Batch& batch, BatchResult* result) {
-  PS_RETURN_IF_ERROR(mlp_->ForwardBackward(x_.data(), y_.data(), static_cast<int>(batch.n),
-                                           Values(), grads_, result));
+  const int n = static_cast<int>(batch.n);
+  PS_RETURN_IF_ERROR(
+      net_ ? net_->ForwardBackward(x_.data(), y_.data(), n, Values(), grads_, result)
+           : mlp_->ForwardBackward(x_.data(), y_.data(), n, Values(), grads_, result));
   const float scale = static_cast<float>(batch.n) / static_cast<float>(config_.batch_size);
   if (scale != 1.0f) {
     for (Param& p : params_) {
@@ -297,8 +319,10 @@ Status StandaloneRun::ApplyUpdate() {
 
 Status StandaloneRun::Evaluate(int epoch, bool final_eval) {
   BatchResult r;
-  PS_RETURN_IF_ERROR(mlp_->Evaluate(test_.pixels.data(), test_.labels.data(),
-                                    static_cast<int>(test_.count), Values(), &r));
+  const int n_test = static_cast<int>(test_.count);
+  PS_RETURN_IF_ERROR(
+      net_ ? net_->Evaluate(test_.pixels.data(), test_.labels.data(), n_test, Values(), &r)
+           : mlp_->Evaluate(test_.pixels.data(), test_.labels.data(), n_test, Values(), &r));
   const double n = static_cast<double>(std::max<int64_t>(1, r.examples));
   EvalLine eval;
   eval.worker = 0;

@@ -12,7 +12,7 @@
 // check (common/gradient_check.h); a bad one stops the run with an error.
 //
 // It writes the run files a job writes (metrics.jsonl train and eval lines, summary.json
-// with the same keys where they apply, `"mode": "standalone"`). Only --model=mlp.
+// with the same keys where they apply, `"mode": "standalone"`). --model=mlp or network.
 //
 // The update rules are the servers' own, from common/, so the baseline links no server
 // code. Its job settings come from JobConfig::FromFlagfile (common/job_config.h).

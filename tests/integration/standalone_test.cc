@@ -95,6 +95,37 @@ TEST_F(StandaloneTest, MatchesAOneWorkerBspJobBitForBit) {
   EXPECT_EQ(job->at("workers")[0].value("prefetch", true), false) << "BSP never prefetches";
 }
 
+// --model=network too, dropout included: the worker's and the baseline's masks come from
+// the same seed and step count.
+TEST_F(StandaloneTest, ANetworkMatchesAOneWorkerBspJobBitForBit) {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::string net =
+      "--network=input:1x28x28,conv2d:4:5:stride=3,relu,flatten,dropout:0.25,dense:10,softmax_ce";
+  Result<json> job = RunJob({"--staleness=0", "--model=network", net}, {});
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  ASSERT_EQ(job->value("status", ""), "ok") << job->dump();
+  std::string job_flags;
+  for (const std::string& f : kJobFlags) job_flags += f + " ";
+  job_flags += "--staleness=0 --model=network " + net;
+  const std::string run_dir = dir_.Join("standalone");
+  Result<itest::ChildProcess> p = itest::ChildProcess::Spawn(
+      {itest::BinaryPath("ps_worker"), "--standalone", "--job_flagfile=" + Flagfile(),
+       "--job_flags=" + job_flags, "--run_dir=" + run_dir},
+      dir_.Join("standalone.log"));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  Result<int> rc = p->WaitExit(itest::DeadlineIn(std::chrono::seconds(100)));
+  ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+  ASSERT_EQ(*rc, 0) << itest::TailOfFile(dir_.Join("standalone.log"), 30);
+  Result<std::string> text = itest::ReadFile(run_dir + "/summary.json");
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  json alone = json::parse(*text);
+  EXPECT_EQ(alone.value("status", ""), "ok");
+  EXPECT_GT(alone.value("test_accuracy", 0.0), 0.75) << alone.dump();
+  EXPECT_EQ(alone.value("test_loss", 0.0), job->value("test_loss", 1.0))
+      << "standalone " << alone.dump() << "\njob " << job->dump();
+  EXPECT_EQ(alone.value("test_accuracy", 0.0), job->value("test_accuracy", 1.0));
+}
+
 TEST_F(StandaloneTest, PrefetchMakesEachPushOneVersionStaleAndNoMore) {
   SKIP_WITHOUT_FASHION_MNIST();
   Result<json> with = RunJob({"--staleness=1"}, {"--prefetch=true"});

@@ -1,0 +1,390 @@
+#include "common/network_config.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <utility>
+
+namespace ps {
+namespace {
+
+// Per-example activations and weight tensors past these are surely a typo.
+constexpr int64_t kMaxActivation = int64_t{1} << 26;
+constexpr int64_t kMaxDim = int64_t{1} << 24;
+
+// c * h * w, in double: the sizes come from the user and their product may overflow int64.
+double Values(const ActShape& s) {
+  return static_cast<double>(s.c) * static_cast<double>(s.h) * static_cast<double>(s.w);
+}
+
+std::string Trim(const std::string& s) {
+  const size_t first = s.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) return "";
+  const size_t last = s.find_last_not_of(" \t\r\n");
+  return s.substr(first, last + 1 - first);
+}
+
+std::vector<std::string> SplitOn(const std::string& s, char sep) {
+  std::vector<std::string> out(1);
+  for (char ch : s) {
+    if (ch == sep) {
+      out.emplace_back();
+    } else {
+      out.back() += ch;
+    }
+  }
+  return out;
+}
+
+// What each kind accepts: positional field names and optional NAME=VALUE fields.
+struct KindSyntax {
+  const char* kind;
+  std::vector<const char*> positional;
+  std::vector<const char*> optional;
+  const char* usage;
+};
+
+const std::vector<KindSyntax>& Syntaxes() {
+  static const std::vector<KindSyntax> table = {
+      {"input", {"SHAPE"}, {}, "input:CxHxW or input:N"},
+      {"conv2d",
+       {"FILTERS", "KERNEL"},
+       {"stride", "pad"},
+       "conv2d:FILTERS:KERNEL[:stride=S][:pad=P]"},
+      {"maxpool", {"WINDOW"}, {"stride", "pad"}, "maxpool:WINDOW[:stride=S][:pad=P]"},
+      {"flatten", {}, {}, "flatten"},
+      {"dense", {"UNITS"}, {}, "dense:UNITS"},
+      {"relu", {}, {}, "relu"},
+      {"dropout", {"P"}, {}, "dropout:P"},
+      {"softmax_ce", {}, {}, "softmax_ce"},
+      {"sigmoid_ce", {}, {}, "sigmoid_ce"},
+  };
+  return table;
+}
+
+// One item being parsed: its position and text, for messages.
+class Item {
+ public:
+  Item(int index, std::string text) : index_(index), text_(std::move(text)) {}
+
+  Status Error(const std::string& what) const {
+    return InvalidArgument("--network: layer " + std::to_string(index_) + " (" + kind_ + " '" +
+                           text_ + "'): " + what);
+  }
+
+  // Splits the fields and checks them against the kind's syntax.
+  Status Split() {
+    std::vector<std::string> parts = SplitOn(text_, ':');
+    kind_ = Trim(parts[0]);
+    for (const KindSyntax& s : Syntaxes()) {
+      if (kind_ == s.kind) syntax_ = &s;
+    }
+    if (syntax_ == nullptr) {
+      std::string kinds;
+      for (const KindSyntax& s : Syntaxes())
+        kinds += std::string(kinds.empty() ? "" : ", ") + s.kind;
+      return Error("unknown layer kind '" + kind_ + "': expected one of " + kinds);
+    }
+    for (size_t i = 1; i < parts.size(); ++i) {
+      const std::string p = Trim(parts[i]);
+      const size_t eq = p.find('=');
+      if (eq == std::string::npos) {
+        positional_.push_back(p);
+        continue;
+      }
+      const std::string name = p.substr(0, eq);
+      bool known = false;
+      for (const char* o : syntax_->optional) known |= name == o;
+      if (!known) {
+        return Error("unknown field '" + name + "': expected " + syntax_->usage);
+      }
+      optional_.emplace_back(name, p.substr(eq + 1));
+    }
+    const size_t want = syntax_->positional.size();
+    if (positional_.size() < want) {
+      return Error("missing field " + std::string(syntax_->positional[positional_.size()]) +
+                   ": expected " + syntax_->usage);
+    }
+    if (positional_.size() > want) {
+      return Error("unexpected field '" + positional_[want] + "': expected " + syntax_->usage);
+    }
+    return Status::Ok();
+  }
+
+  const std::string& kind() const { return kind_; }
+  const std::string& text() const { return text_; }
+  int index() const { return index_; }
+
+  // Positional field i as an integer in [lo, hi].
+  Result<int> Int(size_t i, int64_t lo, int64_t hi) const {
+    return ParseIntField(syntax_->positional[i], positional_[i], lo, hi);
+  }
+  // Optional field `name`, or `dflt` when absent.
+  Result<int> OptionalInt(const char* name, int dflt, int64_t lo, int64_t hi) const {
+    for (const auto& [n, v] : optional_) {
+      if (n == name) return ParseIntField(name, v, lo, hi);
+    }
+    return dflt;
+  }
+  const std::string& Field(size_t i) const { return positional_[i]; }
+
+ private:
+  Result<int> ParseIntField(const std::string& name, const std::string& v, int64_t lo,
+                            int64_t hi) const {
+    char* end = nullptr;
+    errno = 0;
+    const long long x = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || errno != 0 || x < lo || x > hi) {
+      return Error(name + " = '" + v + "': expected an integer in [" + std::to_string(lo) + ", " +
+                   std::to_string(hi) + "]");
+    }
+    return static_cast<int>(x);
+  }
+
+  int index_;
+  std::string text_;
+  std::string kind_;
+  const KindSyntax* syntax_ = nullptr;
+  std::vector<std::string> positional_;
+  std::vector<std::pair<std::string, std::string>> optional_;
+};
+
+Result<ActShape> ParseShape(const Item& item) {
+  const std::vector<std::string> dims = SplitOn(item.Field(0), 'x');
+  if (dims.size() != 1 && dims.size() != 3) {
+    return item.Error("SHAPE = '" + item.Field(0) + "': expected CxHxW (e.g. 1x28x28) or N");
+  }
+  std::vector<int> v;
+  for (const std::string& d : dims) {
+    char* end = nullptr;
+    errno = 0;
+    const long long x = std::strtoll(d.c_str(), &end, 10);
+    if (d.empty() || *end != '\0' || errno != 0 || x < 1 || x > kMaxDim) {
+      return item.Error("SHAPE = '" + item.Field(0) +
+                        "': expected CxHxW or N with every size in [1, " + std::to_string(kMaxDim) +
+                        "]");
+    }
+    v.push_back(static_cast<int>(x));
+  }
+  ActShape s = dims.size() == 1 ? ActShape{v[0], 1, 1} : ActShape{v[0], v[1], v[2]};
+  if (Values(s) > kMaxActivation) {
+    return item.Error("SHAPE " + s.ToString() + " has more than " + std::to_string(kMaxActivation) +
+                      " values per example");
+  }
+  return s;
+}
+
+TableSpec Table(const std::string& name, uint64_t rows, uint32_t width, InitKind init,
+                float scale) {
+  TableSpec t;
+  t.name = name;
+  t.rows = rows;
+  t.width = width;
+  t.init = init;
+  t.init_scale = scale;
+  return t;
+}
+
+// One output axis of a sliding window: floor((size + 2 pad - window) / stride) + 1.
+Result<int> Slide(const Item& item, const char* axis, int size, int window, int stride, int pad,
+                  const ActShape& in) {
+  if (window > int64_t{size} + 2 * int64_t{pad}) {
+    return item.Error("window " + std::to_string(window) + " does not fit the input " +
+                      in.ToString() + " (" + axis + " " + std::to_string(size) + " + 2 * pad " +
+                      std::to_string(pad) + "): expected a window of at most " +
+                      std::to_string(int64_t{size} + 2 * pad));
+  }
+  return static_cast<int>((int64_t{size} + 2 * int64_t{pad} - window) / stride + 1);
+}
+
+Status ParseConv(const Item& item, LayerSpec* l, int* count) {
+  PS_ASSIGN_OR_RETURN(l->filters, item.Int(0, 1, 1 << 16));
+  PS_ASSIGN_OR_RETURN(l->kernel, item.Int(1, 1, 1 << 12));
+  PS_ASSIGN_OR_RETURN(l->stride, item.OptionalInt("stride", 1, 1, 1 << 12));
+  PS_ASSIGN_OR_RETURN(l->pad, item.OptionalInt("pad", 0, 0, 1 << 12));
+  PS_ASSIGN_OR_RETURN(int oh, Slide(item, "height", l->in.h, l->kernel, l->stride, l->pad, l->in));
+  PS_ASSIGN_OR_RETURN(int ow, Slide(item, "width", l->in.w, l->kernel, l->stride, l->pad, l->in));
+  l->out = ActShape{l->filters, oh, ow};
+  const int64_t fan_in = int64_t{l->in.c} * l->kernel * l->kernel;
+  if (fan_in * l->filters > kMaxActivation) {
+    return item.Error("the weight has " + std::to_string(fan_in * l->filters) +
+                      " values: expected at most " + std::to_string(kMaxActivation));
+  }
+  l->name = "conv" + std::to_string((*count)++);
+  const float scale = static_cast<float>(std::sqrt(2.0 / static_cast<double>(fan_in)));
+  l->tables = {Table(l->name + ".weight", static_cast<uint64_t>(l->filters),
+                     static_cast<uint32_t>(fan_in), InitKind::kNormal, scale),
+               Table(l->name + ".bias", 1, static_cast<uint32_t>(l->filters), InitKind::kZeros, 0)};
+  return Status::Ok();
+}
+
+Status ParsePool(const Item& item, LayerSpec* l) {
+  PS_ASSIGN_OR_RETURN(l->kernel, item.Int(0, 1, 1 << 12));
+  PS_ASSIGN_OR_RETURN(l->stride, item.OptionalInt("stride", l->kernel, 1, 1 << 12));
+  PS_ASSIGN_OR_RETURN(l->pad, item.OptionalInt("pad", 0, 0, 1 << 12));
+  if (l->pad > l->kernel / 2) {
+    return item.Error("pad = " + std::to_string(l->pad) +
+                      ": expected at most WINDOW / 2 = " + std::to_string(l->kernel / 2));
+  }
+  PS_ASSIGN_OR_RETURN(int oh, Slide(item, "height", l->in.h, l->kernel, l->stride, l->pad, l->in));
+  PS_ASSIGN_OR_RETURN(int ow, Slide(item, "width", l->in.w, l->kernel, l->stride, l->pad, l->in));
+  l->out = ActShape{l->in.c, oh, ow};
+  return Status::Ok();
+}
+
+Status ParseDense(const Item& item, LayerSpec* l, int* count) {
+  PS_ASSIGN_OR_RETURN(l->units, item.Int(0, 1, kMaxDim));
+  if (!l->in.flat()) {
+    return item.Error("the input " + l->in.ToString() +
+                      " is not flat: expected a flat input (put flatten before dense)");
+  }
+  if (l->in.size() * l->units > kMaxActivation) {
+    return item.Error("the weight " + l->in.ToString() + " x " + std::to_string(l->units) +
+                      " has more than " + std::to_string(kMaxActivation) + " values");
+  }
+  l->out = ActShape{l->units, 1, 1};
+  l->name = "fc" + std::to_string((*count)++);
+  const float scale = static_cast<float>(std::sqrt(2.0 / static_cast<double>(l->in.size())));
+  l->tables = {Table(l->name + ".weight", static_cast<uint64_t>(l->in.size()),
+                     static_cast<uint32_t>(l->units), InitKind::kNormal, scale),
+               Table(l->name + ".bias", 1, static_cast<uint32_t>(l->units), InitKind::kZeros, 0)};
+  return Status::Ok();
+}
+
+Status ParseDropout(const Item& item, LayerSpec* l) {
+  const std::string& v = item.Field(0);
+  char* end = nullptr;
+  const double p = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || !(p >= 0 && p < 1)) {
+    return item.Error("P = '" + v + "': expected a drop probability in [0, 1)");
+  }
+  l->drop = static_cast<float>(p);
+  return Status::Ok();
+}
+
+Status ParseLoss(const Item& item, const ActShape& in, NetworkSpec* net) {
+  const bool softmax = item.kind() == "softmax_ce";
+  if (softmax && !(in.flat() && in.c >= 2)) {
+    return item.Error("the input " + in.ToString() +
+                      " is not a flat vector of >= 2 classes: expected e.g. dense:10 before it");
+  }
+  if (!softmax && in != ActShape{1, 1, 1}) {
+    return item.Error("the input " + in.ToString() +
+                      " is not one logit: expected dense:1 before sigmoid_ce");
+  }
+  net->loss = softmax ? LossKind::kSoftmaxCe : LossKind::kSigmoidCe;
+  net->classes = softmax ? in.c : 1;
+  return Status::Ok();
+}
+
+// Counters for the table names.
+struct Counts {
+  int conv = 0;
+  int dense = 0;
+};
+
+Status ParseLayer(const Item& item, LayerSpec* l, Counts* counts) {
+  const std::string& k = item.kind();
+  l->out = l->in;
+  if (k == "conv2d") {
+    l->kind = LayerKind::kConv2d;
+    return ParseConv(item, l, &counts->conv);
+  }
+  if (k == "maxpool") {
+    l->kind = LayerKind::kMaxPool;
+    return ParsePool(item, l);
+  }
+  if (k == "dense") {
+    l->kind = LayerKind::kDense;
+    return ParseDense(item, l, &counts->dense);
+  }
+  if (k == "flatten") {
+    l->kind = LayerKind::kFlatten;
+    l->out = ActShape{static_cast<int>(l->in.size()), 1, 1};
+    return Status::Ok();
+  }
+  if (k == "relu") {
+    l->kind = LayerKind::kRelu;
+    return Status::Ok();
+  }
+  if (k == "dropout") {
+    l->kind = LayerKind::kDropout;
+    return ParseDropout(item, l);
+  }
+  return item.Error("must come first (only the first layer is the input)");
+}
+
+}  // namespace
+
+std::string ActShape::ToString() const {
+  if (flat()) return std::to_string(c);
+  return std::to_string(c) + "x" + std::to_string(h) + "x" + std::to_string(w);
+}
+
+const char* LayerKindName(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::kConv2d:
+      return "conv2d";
+    case LayerKind::kMaxPool:
+      return "maxpool";
+    case LayerKind::kFlatten:
+      return "flatten";
+    case LayerKind::kDense:
+      return "dense";
+    case LayerKind::kRelu:
+      return "relu";
+    case LayerKind::kDropout:
+      return "dropout";
+  }
+  return "?";
+}
+
+std::vector<TableSpec> NetworkSpec::Tables() const {
+  std::vector<TableSpec> out;
+  for (const LayerSpec& l : layers) out.insert(out.end(), l.tables.begin(), l.tables.end());
+  return out;
+}
+
+Result<NetworkSpec> ParseNetwork(const std::string& text) {
+  const std::string usage =
+      "a comma-separated layer list starting with input:CxHxW and ending with softmax_ce or "
+      "sigmoid_ce (see common/network_config.h)";
+  if (Trim(text).empty()) return InvalidArgument("--network is empty: expected " + usage);
+  const std::vector<std::string> items = SplitOn(text, ',');
+  NetworkSpec net;
+  Counts counts;
+  bool has_loss = false;
+  for (size_t i = 0; i < items.size(); ++i) {
+    Item item(static_cast<int>(i), Trim(items[i]));
+    PS_RETURN_IF_ERROR(item.Split());
+    if (i == 0) {
+      if (item.kind() != "input") return item.Error("the first layer must be input:CxHxW");
+      PS_ASSIGN_OR_RETURN(net.input, ParseShape(item));
+      continue;
+    }
+    if (has_loss) return item.Error("comes after the loss: expected the loss to be last");
+    const ActShape in = net.layers.empty() ? net.input : net.layers.back().out;
+    if (item.kind() == "softmax_ce" || item.kind() == "sigmoid_ce") {
+      PS_RETURN_IF_ERROR(ParseLoss(item, in, &net));
+      has_loss = true;
+      continue;
+    }
+    LayerSpec l;
+    l.index = static_cast<int>(i);
+    l.text = item.text();
+    l.in = in;
+    PS_RETURN_IF_ERROR(ParseLayer(item, &l, &counts));
+    if (Values(l.out) > kMaxActivation) {
+      return item.Error("the output " + l.out.ToString() + " has more than " +
+                        std::to_string(kMaxActivation) + " values per example");
+    }
+    net.layers.push_back(std::move(l));
+  }
+  if (!has_loss) {
+    return InvalidArgument("--network: no loss after layer " + std::to_string(items.size() - 1) +
+                           ": expected softmax_ce or sigmoid_ce last");
+  }
+  return net;
+}
+
+}  // namespace ps

@@ -1,0 +1,183 @@
+// --network parsing: shapes, tables, and the messages a bad network is refused with.
+#include "common/network_config.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "common/job_config.h"
+
+namespace ps {
+namespace {
+
+constexpr char kCnn[] =
+    "input:1x28x28,conv2d:16:3:pad=1,relu,maxpool:2,conv2d:32:3:pad=1,relu,maxpool:2,"
+    "flatten,dense:128,relu,dropout:0.25,dense:10,softmax_ce";
+
+std::string ErrorOf(const std::string& text) {
+  Result<NetworkSpec> r = ParseNetwork(text);
+  EXPECT_FALSE(r.ok()) << text << " was accepted";
+  return r.ok() ? "" : r.status().message();
+}
+
+TEST(NetworkConfigTest, ParsesTheCnnWithItsShapesAndTables) {
+  Result<NetworkSpec> r = ParseNetwork(kCnn);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const NetworkSpec& net = *r;
+  EXPECT_EQ(net.input, (ActShape{1, 28, 28}));
+  ASSERT_EQ(net.layers.size(), 11u);
+  EXPECT_EQ(net.layers[0].out, (ActShape{16, 28, 28}));
+  EXPECT_EQ(net.layers[2].out, (ActShape{16, 14, 14}));
+  EXPECT_EQ(net.layers[5].out, (ActShape{32, 7, 7}));
+  EXPECT_EQ(net.layers[6].out, (ActShape{32 * 7 * 7, 1, 1}));
+  EXPECT_EQ(net.layers[9].kind, LayerKind::kDropout);
+  EXPECT_FLOAT_EQ(net.layers[9].drop, 0.25f);
+  EXPECT_EQ(net.layers[10].index, 11);
+  EXPECT_EQ(net.loss, LossKind::kSoftmaxCe);
+  EXPECT_EQ(net.classes, 10);
+  const std::vector<TableSpec> t = net.Tables();
+  ASSERT_EQ(t.size(), 8u);
+  const char* names[] = {"conv0.weight", "conv0.bias", "conv1.weight", "conv1.bias",
+                         "fc0.weight",   "fc0.bias",   "fc1.weight",   "fc1.bias"};
+  for (size_t i = 0; i < t.size(); ++i) EXPECT_EQ(t[i].name, names[i]);
+  EXPECT_EQ(t[0].rows, 16u);
+  EXPECT_EQ(t[0].width, 9u);
+  EXPECT_EQ(t[2].rows, 32u);
+  EXPECT_EQ(t[2].width, 16u * 9u);
+  EXPECT_EQ(t[3].rows, 1u);
+  EXPECT_EQ(t[3].width, 32u);
+  EXPECT_EQ(t[4].rows, 1568u);
+  EXPECT_EQ(t[4].width, 128u);
+  EXPECT_EQ(t[0].init, InitKind::kNormal);
+  EXPECT_EQ(t[1].init, InitKind::kZeros);
+}
+
+TEST(NetworkConfigTest, StrideAndPaddingShapeTheOutput) {
+  Result<NetworkSpec> r = ParseNetwork(
+      " input:3x10x9 , conv2d:4:3:stride=2 , maxpool:3:stride=1:pad=1 ,flatten,"
+      "dense:1,sigmoid_ce");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->layers[0].out, (ActShape{4, 4, 4}));  // floor((10 - 3) / 2) + 1, (9 - 3) / 2 + 1
+  EXPECT_EQ(r->layers[1].out, (ActShape{4, 4, 4}));
+  EXPECT_EQ(r->loss, LossKind::kSigmoidCe);
+  EXPECT_EQ(r->classes, 1);
+}
+
+TEST(NetworkConfigTest, ADenseNetworkHasTheMlpsTables) {
+  Result<NetworkSpec> r =
+      ParseNetwork("input:784,dense:256,relu,dense:128,relu,dense:10,softmax_ce");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const std::vector<TableSpec> net = r->Tables();
+  const std::vector<TableSpec> mlp = MlpTables({784, 256, 128, 10});
+  ASSERT_EQ(net.size(), mlp.size());
+  for (size_t i = 0; i < net.size(); ++i) {
+    EXPECT_EQ(net[i].name, mlp[i].name);
+    EXPECT_EQ(net[i].rows, mlp[i].rows);
+    EXPECT_EQ(net[i].width, mlp[i].width);
+    EXPECT_EQ(net[i].init, mlp[i].init);
+    EXPECT_FLOAT_EQ(net[i].init_scale, mlp[i].init_scale);
+  }
+}
+
+TEST(NetworkConfigTest, AnUnknownKindIsNamedWithItsPosition) {
+  const std::string e = ErrorOf("input:1x28x28,conv2d:8:3,conv3d:8:3,flatten,dense:10,softmax_ce");
+  EXPECT_NE(e.find("layer 2 (conv3d 'conv3d:8:3')"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown layer kind 'conv3d'"), std::string::npos) << e;
+  EXPECT_NE(e.find("maxpool"), std::string::npos) << "the message lists the kinds: " << e;
+}
+
+TEST(NetworkConfigTest, AMissingFieldIsNamed) {
+  const std::string e = ErrorOf("input:1x28x28,conv2d:8,flatten,dense:10,softmax_ce");
+  EXPECT_NE(e.find("layer 1 (conv2d 'conv2d:8')"), std::string::npos) << e;
+  EXPECT_NE(e.find("missing field KERNEL"), std::string::npos) << e;
+  EXPECT_NE(e.find("conv2d:FILTERS:KERNEL"), std::string::npos) << e;
+}
+
+TEST(NetworkConfigTest, BadValuesNameTheFieldAndTheRange) {
+  EXPECT_NE(ErrorOf("input:1x8x8,conv2d:x:3,flatten,dense:2,softmax_ce").find("FILTERS = 'x'"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("input:1x8x8,conv2d:4:3:pad=-1,flatten,dense:2,softmax_ce").find("pad = '-1'"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("input:1x8x8,conv2d:4:3:padding=1,flatten,dense:2,softmax_ce")
+                .find("unknown field 'padding'"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("input:8,dropout:1.0,dense:2,softmax_ce").find("drop probability in [0, 1)"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("input:8,relu:3,dense:2,softmax_ce").find("unexpected field '3'"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("input:1x28,dense:2,softmax_ce").find("expected CxHxW"), std::string::npos);
+}
+
+TEST(NetworkConfigTest, ShapeMismatchesSayTheShapes) {
+  std::string e = ErrorOf("input:1x28x28,conv2d:16:3,dense:10,softmax_ce");
+  EXPECT_NE(e.find("layer 2 (dense 'dense:10')"), std::string::npos) << e;
+  EXPECT_NE(e.find("16x26x26 is not flat"), std::string::npos) << e;
+  EXPECT_NE(e.find("flatten"), std::string::npos) << e;
+  e = ErrorOf("input:1x4x4,conv2d:2:5,flatten,dense:2,softmax_ce");
+  EXPECT_NE(e.find("window 5 does not fit the input 1x4x4"), std::string::npos) << e;
+  e = ErrorOf("input:1x4x4,maxpool:2:pad=2,flatten,dense:2,softmax_ce");
+  EXPECT_NE(e.find("at most WINDOW / 2 = 1"), std::string::npos) << e;
+  e = ErrorOf("input:1x4x4,conv2d:2:3,softmax_ce");
+  EXPECT_NE(e.find("layer 2 (softmax_ce"), std::string::npos) << e;
+  EXPECT_NE(e.find("2x2x2 is not a flat vector"), std::string::npos) << e;
+  e = ErrorOf("input:4,dense:2,sigmoid_ce");
+  EXPECT_NE(e.find("the input 2 is not one logit"), std::string::npos) << e;
+}
+
+TEST(NetworkConfigTest, HugeShapesAreRefusedWithoutOverflow) {
+  EXPECT_NE(ErrorOf("input:16777216x16777216x16777216,flatten,dense:2,softmax_ce")
+                .find("values per example"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("input:1x4096x4096,conv2d:65536:1,flatten,dense:2,softmax_ce")
+                .find("the output 65536x4096x4096 has more than"),
+            std::string::npos);
+}
+
+TEST(NetworkConfigTest, TheListMustStartWithTheInputAndEndWithTheLoss) {
+  EXPECT_NE(ErrorOf("").find("--network is empty"), std::string::npos);
+  EXPECT_NE(ErrorOf("dense:10,softmax_ce").find("the first layer must be input"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("input:4,dense:2").find("no loss after layer 1"), std::string::npos);
+  EXPECT_NE(ErrorOf("input:4,dense:2,softmax_ce,relu").find("comes after the loss"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf("input:4,input:4,dense:2,softmax_ce").find("must come first"),
+            std::string::npos);
+}
+
+TEST(NetworkConfigTest, TheJobConfigTakesItsTablesFromTheNetwork) {
+  Result<JobConfig> c = JobConfig::FromFlagMap({{"model", "network"}, {"network", kCnn}});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_EQ(c->table_specs.size(), 8u);
+  EXPECT_EQ(c->table_specs[2].name, "conv1.weight");
+  EXPECT_EQ(c->table_specs[2].id, 2u);
+  Result<JobConfig> back = JobConfig::FromFlagMap(c->ToFlagMap());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->network, kCnn);
+  EXPECT_EQ(back->table_specs.size(), 8u);
+}
+
+// A network's tables are dense and pulled whole, like the MLP's: all-reduce groups apply.
+TEST(NetworkConfigTest, ANetworkJobMayTrainInGroups) {
+  Result<JobConfig> c =
+      JobConfig::FromFlagMap({{"model", "network"}, {"network", kCnn}, {"group_size", "2"}});
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+}
+
+TEST(NetworkConfigTest, TheJobConfigRefusesABadOrStrayNetwork) {
+  Result<JobConfig> c = JobConfig::FromFlagMap(
+      {{"model", "network"}, {"network", "input:1x28x28,conv2d:16:3,dense:10,softmax_ce"}});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("layer 2 (dense"), std::string::npos)
+      << c.status().ToString();
+  c = JobConfig::FromFlagMap({{"model", "network"}});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("--network is empty"), std::string::npos)
+      << c.status().ToString();
+  c = JobConfig::FromFlagMap({{"model", "mlp"}, {"network", "input:4,dense:2,softmax_ce"}});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("--model=network"), std::string::npos)
+      << c.status().ToString();
+}
+
+}  // namespace
+}  // namespace ps
