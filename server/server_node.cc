@@ -432,8 +432,9 @@ HeartbeatOptions ServerHeartbeat(const Registration& reg, const ServerOptions& o
   hopt.id = reg.id;
   hopt.interval = std::chrono::milliseconds(
       std::max<int64_t>(1, static_cast<int64_t>(reg.config.heartbeat_timeout * 1000 / 4)));
-  hopt.coordinator_timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(reg.config.heartbeat_timeout * 3000));
+  // A dead coordinator may be restarted (server/coordinator.h): serve on meanwhile.
+  hopt.coordinator_timeout = std::chrono::milliseconds(static_cast<int64_t>(
+      (reg.config.heartbeat_timeout * 3 + reg.config.coordinator_restart_timeout) * 1000));
   hopt.on_coordinator_lost = options.on_coordinator_lost;
   return hopt;
 }
