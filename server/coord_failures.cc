@@ -22,6 +22,8 @@ const char* KindName(FailureKind kind) {
       return "worker_failed";
     case FailureKind::kServerLost:
       return "server_lost";
+    case FailureKind::kServerLeft:
+      return "server_left";
     case FailureKind::kCoordinatorRestart:
       return "coordinator_restart";
   }
@@ -43,7 +45,7 @@ json RollbackJson(const Rollback& r) {
 }  // namespace
 
 json FailureEntry::ToJson() const {
-  const bool server = kind == FailureKind::kServerLost;
+  const bool server = kind == FailureKind::kServerLost || kind == FailureKind::kServerLeft;
   json j = {{"kind", KindName(kind)}, {"time", time}};
   if (kind == FailureKind::kCoordinatorRestart) {
     j["process"] = "coordinator";

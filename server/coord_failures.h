@@ -7,6 +7,8 @@
 // `worker_failed` (sent done with an error), `server_lost` (silent; failed over to its
 // backup with --replicas=2, or restarted from a checkpoint set with --replicas=1, which
 // fills the entry's restart and `rollback` fields when the replacement arrives),
+// `server_left` (SIGTERM with --replicas=2: it handed its shards to its backup, promoted
+// before it exited, with nothing to roll back),
 // `coordinator_restart` (the coordinator died and a new one resumed the job from its
 // journal, server/coord_journal.h: `clock` is the fastest live worker's clock it knew,
 // `down_seconds` the time from its last journal write to the restart).
@@ -27,6 +29,7 @@ enum class FailureKind {
   kWorkerLeft,
   kWorkerFailed,
   kServerLost,
+  kServerLeft,
   kCoordinatorRestart
 };
 

@@ -477,6 +477,22 @@ void CoordinatorJob::OnSilentServer(int s, Clock::time_point now) {
   }
 }
 
+void CoordinatorJob::OnServerLeaving(int s) {
+  Member& m = members_.servers()[static_cast<size_t>(s)];
+  if (config_.replicas < 2) return;  // it stops as on a death; a replacement restores
+  m.dead = true;
+  FailureEntry e;
+  e.kind = FailureKind::kServerLeft;
+  e.id = s;
+  e.pid = m.pid;
+  e.time = Elapsed();
+  e.unix_time = UnixSeconds();
+  failover_.PromoteBackup(s, Clock::now(), Elapsed(), &e);
+  LOG(WARNING) << "server " << s << " left (SIGTERM): " << e.ToJson().dump();
+  progress_.CountFailure();
+  failures_.Add(std::move(e));
+}
+
 // Worker `w` is gone (dead: silent too long; or left on SIGTERM): its leases go back to
 // the queue, the servers drop it, and the event is in the failure log.
 Status CoordinatorJob::RemoveWorker(int w, bool dead, std::optional<bool> completed_chunk) {
@@ -521,6 +537,10 @@ Status CoordinatorJob::RemoveWorker(int w, bool dead, std::optional<bool> comple
 void CoordinatorJob::OnServerReport(int s, const char* text) {
   std::optional<json> j = ParseServerReport(text);
   if (!j) return;
+  if (j->contains("leaving") && (*j)["leaving"].is_boolean() && (*j)["leaving"].get<bool>()) {
+    OnServerLeaving(s);
+    return;
+  }
   if (j->contains("promoted_first_pull_unix_time") &&
       (*j)["promoted_first_pull_unix_time"].is_object()) {
     failures_.NoteFirstPullsAfterFailover((*j)["promoted_first_pull_unix_time"]);

@@ -76,6 +76,9 @@ class CoordinatorJob {
   void OnSilentServer(int s, CoordClock::time_point now);
   Status RemoveWorker(int w, bool dead, std::optional<bool> completed_chunk);
   void OnServerReport(int s, const char* text);
+  // Server `s` got SIGTERM (--replicas=2): its backup is promoted now, before the server
+  // exits (it waited until its backup acknowledged everything it forwarded).
+  void OnServerLeaving(int s);
   Status OnWorkerReport(const std::string& peer, int w, uint64_t rid, const char* text);
   Status OnDone(const std::string& peer, int w, uint64_t rid, wire::Done::Reader done);
   Status OnLease(const std::string& peer, int w, uint64_t rid, wire::LeaseRequest::Reader req);

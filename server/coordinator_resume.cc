@@ -59,7 +59,12 @@ Status CoordinatorJob::OpenJournal() {
   }
   PS_ASSIGN_OR_RETURN(journal_, CoordJournal::Open(path, jopt));
   PS_ASSIGN_OR_RETURN(CoordJournal::Parts parts, journal_->ReadAll());
-  return Resume(parts);
+  try {
+    return Resume(parts);
+  } catch (const json::exception& e) {
+    return Internal("coordinator journal " + path + " holds a part of the wrong shape (" +
+                    e.what() + "): a damaged journal cannot resume the job");
+  }
 }
 
 Status CoordinatorJob::Resume(const CoordJournal::Parts& parts) {
@@ -117,6 +122,10 @@ Status CoordinatorJob::Resume(const CoordJournal::Parts& parts) {
     last_report_[std::stoi(w)] = rid;
   }
   if (barrier_released_) barrier_time_ = now;
+  // The final evaluation came before the crash: the job only has to end.
+  if (progress.contains("final_eval") && progress["final_eval"].is_object()) {
+    progress_.OnEval(EvalLine::FromJson(progress["final_eval"]), Elapsed());
+  }
   resumed_ = true;
   FailureEntry e;
   e.kind = FailureKind::kCoordinatorRestart;
@@ -163,12 +172,14 @@ CoordJournal::Parts CoordinatorJob::Snapshot() const {
   parts["failover"] = failover_.StateJson();
   json reports = json::object();
   for (const auto& [w, rid] : last_report_) reports[std::to_string(w)] = rid;
-  parts["progress"] = {{"epoch", progress_.epoch()},
-                       {"clock", JobClock()},
-                       {"barrier_released", barrier_released_},
-                       {"final_evaluator", final_evaluator_},
-                       {"messages", messages_during_training_},
-                       {"reports", std::move(reports)}};
+  parts["progress"] = {
+      {"epoch", progress_.epoch()},
+      {"clock", JobClock()},
+      {"barrier_released", barrier_released_},
+      {"final_evaluator", final_evaluator_},
+      {"messages", messages_during_training_},
+      {"final_eval", progress_.final_eval() ? progress_.final_eval()->ToJson() : json(nullptr)},
+      {"reports", std::move(reports)}};
   return parts;
 }
 
@@ -198,7 +209,7 @@ bool CoordinatorJob::Reattach(const std::string& peer, wire::Header::Reader head
   bool server = false;
   if (which == wire::Header::Body::REPORT) {
     json report = json::parse(header.getBody().getReport().getJson().cStr(), nullptr, false);
-    server = report.is_object() && report.value("kind", std::string()) == "server";
+    server = report.is_object() && report.contains("kind") && report["kind"] == "server";
   } else if (which != wire::Header::Body::LEASE && which != wire::Header::Body::DONE &&
              which != wire::Header::Body::HEARTBEAT) {
     return false;
