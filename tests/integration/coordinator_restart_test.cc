@@ -1,4 +1,4 @@
-// The coordinator killed with -9 mid-run and started again with --resume (by hand, and by
+// The coordinator killed with -9 mid-run (twice) and started again with --resume (by hand, and by
 // launch_local.sh) resumes the job from its journal (server/coordinator.h, "Restart"):
 // real ps_coordinator, ps_server and ps_worker processes on 127.0.0.1 training a small MLP
 // on Fashion-MNIST (skipped without the data).
@@ -29,7 +29,7 @@ using itest::SteadyClock;
 
 constexpr char kTrainImages[] = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
 constexpr std::chrono::seconds kJobTimeout{150};
-constexpr int64_t kKillAtClock = 250;  // of about 940 in the epoch
+constexpr int64_t kKillAtClock = 250;  // (and twice that) of about 940 in the epoch
 constexpr double kAccuracyTolerance = 0.002;
 
 #define SKIP_WITHOUT_FASHION_MNIST()                                                      \
@@ -78,10 +78,11 @@ json CoordinatorRestart(const json& summary) {
 
 class CoordinatorRestartTest : public itest::JobTest {
  protected:
-  // A whole job in `run_dir`: the coordinator, two servers, one worker. With `kill_at`,
-  // the coordinator is killed (-9) once the worker reported that clock, and started again
-  // with --resume at the same endpoint. Returns summary.json.
-  json RunJob(const std::string& run_dir, int64_t kill_at) {
+  // A whole job in `run_dir`: the coordinator, two servers, one worker. At each clock of
+  // `kill_at`, the coordinator is killed (-9) once the worker reported that clock, and
+  // started again with --resume at the same endpoint. Returns summary.json. The times are
+  // of the first kill.
+  json RunJob(const std::string& run_dir, const std::vector<int64_t>& kills) {
     const itest::Deadline deadline = itest::DeadlineIn(kJobTimeout);
     std::vector<std::string> flags = JobFlags();
     flags.push_back("--run_dir=" + run_dir);
@@ -103,29 +104,33 @@ class CoordinatorRestartTest : public itest::JobTest {
     Result<itest::ChildProcess> w = itest::ChildProcess::Spawn(argv, dir_.Join("worker-0.log"));
     EXPECT_TRUE(w.ok()) << w.status().ToString();
     if (!w.ok()) return json();
-    if (kill_at >= 0) {
+    for (const int64_t kill_at : kills) {
+      const bool first = kill_at == kills.front();
       while (LatestClock(run_dir) < kill_at && SteadyClock::now() < deadline &&
              !coordinator->TryReap()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
       EXPECT_GE(LatestClock(run_dir), kill_at) << "the job did not reach the clock to kill at";
-      killed_at_ = UnixNow();
+      if (first) killed_at_ = UnixNow();
       coordinator->Kill();
       // Down for a moment: the worker's requests meanwhile wait, then are sent again.
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      flags.push_back("--listen=" + endpoint);
-      flags.push_back("--resume");
-      restarted_at_ = UnixNow();
+      if (first) {
+        flags.push_back("--listen=" + endpoint);
+        flags.push_back("--resume");
+      }
+      const double restarted = UnixNow();
+      if (first) restarted_at_ = restarted;
       Result<itest::ChildProcess> again = StartCoordinator(flags, deadline, &endpoint);
       EXPECT_TRUE(again.ok()) << again.status().ToString();
       if (!again.ok()) return json();
       coordinator.emplace(std::move(again).value());
       // The job goes on: a train line past the kill's clock, written after the restart.
-      while (LatestClock(run_dir, restarted_at_) <= kill_at && SteadyClock::now() < deadline &&
+      while (LatestClock(run_dir, restarted) <= kill_at && SteadyClock::now() < deadline &&
              !coordinator->TryReap()) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
-      going_on_at_ = UnixNow();
+      if (first) going_on_at_ = UnixNow();
     }
     ExpectCleanExit(*coordinator, "coordinator", deadline);
     ExpectCleanExit(*w, "worker", deadline);
@@ -143,12 +148,14 @@ class CoordinatorRestartTest : public itest::JobTest {
 TEST_F(CoordinatorRestartTest, AKilledCoordinatorResumesTheJobToTheUnfaultedAccuracy) {
   SKIP_WITHOUT_FASHION_MNIST();
   const auto start = SteadyClock::now();
-  const json clean = RunJob(dir_.Join("clean"), -1);
+  const json clean = RunJob(dir_.Join("clean"), {});
   ASSERT_TRUE(clean.is_object());
   ASSERT_EQ(clean.value("status", ""), "ok") << clean.dump();
   const double clean_seconds = std::chrono::duration<double>(SteadyClock::now() - start).count();
 
-  const json faulted = RunJob(dir_.Join("faulted"), kKillAtClock);
+  // Killed twice: the second coordinator resumes from the journal the first resumed one
+  // kept.
+  const json faulted = RunJob(dir_.Join("faulted"), {kKillAtClock, 2 * kKillAtClock});
   ASSERT_TRUE(faulted.is_object());
   EXPECT_EQ(faulted.value("status", ""), "ok") << faulted.dump();
   const json restart = CoordinatorRestart(faulted);
@@ -157,6 +164,11 @@ TEST_F(CoordinatorRestartTest, AKilledCoordinatorResumesTheJobToTheUnfaultedAccu
   EXPECT_GE(restart.value("clock", int64_t{-1}), kKillAtClock) << restart.dump();
   EXPECT_GT(restart.value("time", 0.0), 0.0) << restart.dump();
   EXPECT_GE(restart.value("unix_time", 0.0), restarted_at_) << restart.dump();
+  int restarts = 0;
+  for (const json& e : faulted.value("failures", json::array())) {
+    restarts += e.value("kind", "") == "coordinator_restart" ? 1 : 0;
+  }
+  EXPECT_EQ(restarts, 2) << faulted.dump();
   // Every example once: no chunk lost with the coordinator, none handed out twice.
   EXPECT_EQ(faulted["examples_per_epoch"], json(std::vector<uint64_t>{60000})) << faulted.dump();
   EXPECT_EQ(faulted.value("pushes_lost", uint64_t{1}), 0u) << faulted.dump();
