@@ -59,6 +59,12 @@ Status CoordinatorJob::OpenJournal() {
   }
   PS_ASSIGN_OR_RETURN(journal_, CoordJournal::Open(path, jopt));
   PS_ASSIGN_OR_RETURN(CoordJournal::Parts parts, journal_->ReadAll());
+  if (parts.empty()) {
+    // The coordinator died before the job assembled: nothing to resume but registration.
+    LOG(WARNING) << "coordinator journal " << path << " is empty: the job had not assembled; "
+                 << "waiting for registrations";
+    return Status::Ok();
+  }
   try {
     return Resume(parts);
   } catch (const json::exception& e) {
