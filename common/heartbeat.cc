@@ -41,6 +41,15 @@ void HeartbeatSender::SetRedirectHandler(std::function<void(int, const std::stri
   redirect_handler_ = std::move(handler);
 }
 
+void HeartbeatSender::NoteIncarnation(uint64_t seen) {
+  if (seen == 0) return;
+  const uint64_t before = incarnation_.exchange(seen);
+  if (before != 0 && before != seen) {
+    LOG(WARNING) << "the coordinator was restarted (incarnation " << before << " -> " << seen
+                 << "); unanswered requests to it are sent again";
+  }
+}
+
 void HeartbeatSender::Loop() {
   const auto now = [this] {
     return options_.now ? options_.now() : std::chrono::steady_clock::now();
@@ -74,6 +83,8 @@ void HeartbeatSender::Loop() {
       if (!h.ok()) continue;
       try {
         auto body = h->get().getBody();
+        if (body.which() == wire::Header::Body::ALIVE_REPLY)
+          NoteIncarnation(body.getAliveReply().getIncarnation());
         if (body.which() == wire::Header::Body::ALIVE_REPLY && body.getAliveReply().getEvicted()) {
           if (!evicted_.exchange(true)) {
             LOG(ERROR) << "the coordinator declared this worker dead (it was silent too long)";

@@ -6,8 +6,10 @@
 // may be blocked for minutes in a lease request or the end-of-job barrier, and a
 // heartbeat must not wait behind it. A coordinator that answers no beat for
 // options.coordinator_timeout is reported lost, once (a worker then leaves as on SIGTERM,
-// instead of waiting minutes in calls to a job that is gone). Replies are read without
-// waiting; a reply saying that the coordinator evicted this process (a worker silent too
+// instead of waiting minutes in calls to a job that is gone). The timeout covers a
+// coordinator restart (the job's --coordinator_restart_timeout): beats keep going to the
+// same endpoint, and a restarted coordinator answers them with a new incarnation. Replies are read
+// without waiting; a reply saying that the coordinator evicted this process (a worker silent too
 // long, e.g. stopped with SIGSTOP, whose work went to others; or a server declared dead and
 // replaced by another process) sets evicted(), and the owner should stop. A reply that
 // lists redirects (a dead server's shards are served by its promoted backup, --replicas=2)
@@ -63,6 +65,10 @@ class HeartbeatSender {
   void Stop();
   // The coordinator answered that it evicted this worker (or replaced this server).
   bool evicted() const { return evicted_.load(); }
+  // The incarnation (server/coordinator.h) of the coordinator that answered the latest
+  // beat; 0 before the first answer. A change means the coordinator was restarted: a
+  // request to it that is still unanswered must be sent again (worker/coordinator_call.h).
+  uint64_t coordinator_incarnation() const { return incarnation_.load(); }
   uint64_t beats_sent() const { return beats_.load(); }
   // Called from the heartbeat thread with (server, endpoint) for each redirect in a reply;
   // nullptr: none. Once this returns, the previous handler is not running and will not be
@@ -72,10 +78,12 @@ class HeartbeatSender {
  private:
   HeartbeatSender(const HeartbeatOptions& options, std::unique_ptr<ClientSocket> socket);
   void Loop();
+  void NoteIncarnation(uint64_t seen);
 
   const HeartbeatOptions options_;
   std::unique_ptr<ClientSocket> socket_;  // owned by the thread
   std::atomic<bool> evicted_{false};
+  std::atomic<uint64_t> incarnation_{0};
   std::atomic<uint64_t> beats_{0};
   std::mutex handler_mu_;
   std::function<void(int, const std::string&)> redirect_handler_;  // guarded by handler_mu_

@@ -241,6 +241,8 @@ const std::vector<Field>& Fields() {
       StringField("checkpoint_dir", &JobConfig::checkpoint_dir),
       StringField("restore", &JobConfig::restore),
       DoubleField("heartbeat_timeout", &JobConfig::heartbeat_timeout, 0.1, 3600, false),
+      DoubleField("coordinator_restart_timeout", &JobConfig::coordinator_restart_timeout, 0, 86400,
+                  false),
   };
   return fields;
 }

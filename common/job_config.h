@@ -149,6 +149,10 @@ struct JobConfig {
   // A process silent (no heartbeat) for longer is declared dead; every process sends one
   // every heartbeat_timeout / 4 (common/heartbeat.h).
   double heartbeat_timeout = 4.0;
+  // How long servers and workers wait for a coordinator that stopped answering to come
+  // back (restarted with --resume, server/coordinator.h) before they stop: they are told
+  // it is lost after 3 * heartbeat_timeout + this. 0: stop then.
+  double coordinator_restart_timeout = 60.0;
 
   // ---- all-reduce groups (worker/group_comm.h) ----
   // Workers per all-reduce group, formed by worker id (ids kG..kG+G-1; the last group may be

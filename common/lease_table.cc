@@ -14,6 +14,39 @@ LeaseTable::LeaseTable(int epochs, uint64_t chunk_examples)
   CHECK_GT(chunk_examples_, 0u);
 }
 
+LeaseTable::State LeaseTable::Snapshot() const {
+  State s;
+  s.examples = examples_;
+  s.opened_epochs = opened_epochs_;
+  s.pending.assign(pending_.begin(), pending_.end());
+  for (const auto& [key, worker] : outstanding_) {
+    s.outstanding.push_back(Outstanding{key.first, key.second, worker});
+  }
+  s.chunks_done = chunks_done_;
+  s.examples_done = examples_done_;
+  s.newly_completed = newly_completed_;
+  return s;
+}
+
+Status LeaseTable::Restore(const State& state) {
+  const size_t epochs = static_cast<size_t>(epochs_);
+  if (state.chunks_done.size() != epochs || state.examples_done.size() != epochs ||
+      state.opened_epochs < 0 || state.opened_epochs > epochs_) {
+    return InvalidArgument("a lease table of " + std::to_string(state.chunks_done.size()) +
+                           " epochs does not fit a job of " + std::to_string(epochs_));
+  }
+  examples_ = 0;
+  if (state.examples > 0) PS_RETURN_IF_ERROR(SetDatasetSize(state.examples));
+  opened_epochs_ = state.opened_epochs;
+  pending_.assign(state.pending.begin(), state.pending.end());
+  outstanding_.clear();
+  for (const Outstanding& o : state.outstanding) outstanding_[{o.epoch, o.chunk}] = o.worker;
+  chunks_done_ = state.chunks_done;
+  examples_done_ = state.examples_done;
+  newly_completed_ = state.newly_completed;
+  return Status::Ok();
+}
+
 Status LeaseTable::SetDatasetSize(uint64_t examples) {
   if (examples == 0) return InvalidArgument("a worker reports an empty training set");
   if (examples_ != 0 && examples != examples_) {

@@ -29,7 +29,28 @@ class LeaseTable {
     uint64_t end = 0;
   };
 
+  // Everything the table holds, for a coordinator that journals it and resumes
+  // (server/coord_resume.h).
+  struct Outstanding {
+    int epoch = 0;
+    uint64_t chunk = 0;
+    int worker = -1;
+  };
+  struct State {
+    uint64_t examples = 0;
+    int opened_epochs = 0;
+    std::vector<Lease> pending;  // in queue order
+    std::vector<Outstanding> outstanding;
+    std::vector<uint64_t> chunks_done, examples_done;  // per epoch
+    std::vector<int> newly_completed;
+  };
+
   LeaseTable(int epochs, uint64_t chunk_examples);
+
+  State Snapshot() const;
+  // Takes `state` in (a snapshot of a table with the same epochs and chunk size); an error
+  // when it does not fit them.
+  Status Restore(const State& state);
 
   // The number of training examples; the first call fixes it, later ones must agree
   // (every worker reads the same data set).

@@ -113,6 +113,8 @@ struct Alive {
 struct AliveReply {
   evicted @0 :Bool;   # the coordinator declared this worker dead: it must stop
   redirects @1 :List(ServerInfo);   # dead servers and where their shards are served now
+  incarnation @2 :UInt64;   # the coordinator process's start (Unix ns): a new value says that
+                            # it was restarted, and requests it had not answered are resent
 }
 
 # Primary server `primary` is dead: its backup serves the shadow copy of its shards from now

@@ -38,6 +38,10 @@
 # coordinator notices (heartbeats), hands its data to the others and goes on. With
 # --replicas=2 (in the flagfile or after --) a server that dies does not stop it either:
 # the coordinator promotes its backup.
+# A coordinator killed by a signal it does not handle (kill -9, a crash) is started again at
+# once at the same endpoint with --resume (at most 100 times): it resumes the job from its
+# journal (RUN_DIR/coordinator.db) and the servers and workers re-attach. One that exits on
+# its own (the job ended, or failed) is not.
 # --restart_servers: with --replicas=1, a server that dies is started again at once with
 # the same flags (a fresh endpoint; at most 3 times per server): the coordinator declares
 # the old one dead after --heartbeat_timeout, and the new one takes its id and restores its
@@ -253,7 +257,7 @@ start() {
   elapsed
   { printf '%s s: %s:' "$ELAPSED" "$name"; printf ' %q' "$@"; echo; } >>"$launcher_log"
   if [ "$name" = coordinator ]; then
-    "$@" >>"$run_dir/logs/coordinator.out" 2>"$log" &
+    "$@" >>"$run_dir/logs/coordinator.out" 2>>"$log" &
   else
     "$@" >>"$log" 2>&1 &
   fi
@@ -319,6 +323,8 @@ fi
 
 # Wait for the coordinator to finish; stop early if any other process fails.
 rc=0
+coord_restarts=0
+max_coord_restarts=100
 while true; do
   finished=""
   wait -n -p finished "${pids[@]}"
@@ -333,6 +339,20 @@ while true; do
   name="${names[$idx]}"
   unset 'pids[idx]' 'names[idx]'
   pids=("${pids[@]}"); names=("${names[@]}")
+  if [ "$finished" = "$coord" ] && [ "$status" -gt 128 ] &&
+     [ "$coord_restarts" -lt "$max_coord_restarts" ]; then
+    # Killed by a signal it does not handle (-9, a crash): the job goes on under a new
+    # coordinator at the same endpoint, resumed from its journal (run_dir/coordinator.db);
+    # the servers and workers wait for it (--coordinator_restart_timeout).
+    coord_restarts=$((coord_restarts + 1))
+    echo "launch_local.sh: the coordinator exited with status $status; restarting it (restart $coord_restarts of at most $max_coord_restarts): it resumes the job from its journal" >&2
+    start coordinator "$run_dir/logs/coordinator.log" "${coordinator_cmd[@]}" \
+      --listen="$endpoint" --resume
+    coord="${pids[-1]}"
+    tail -n 0 -f --pid="$coord" "$run_dir/logs/coordinator.out" &
+    console=$!
+    continue
+  fi
   if [ "$finished" = "$coord" ]; then
     rc=$status
     break

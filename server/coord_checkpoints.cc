@@ -303,4 +303,72 @@ Status CheckpointBook::OnStop(CoordClock::time_point now, double elapsed, bool t
   return Status::Ok();
 }
 
+namespace {
+
+template <typename T>
+T Get(const nlohmann::json& j, const char* key, T fallback) {
+  if (!j.is_object() || !j.contains(key)) return fallback;
+  try {
+    return j[key].get<T>();
+  } catch (const nlohmann::json::exception&) {
+    return fallback;
+  }
+}
+
+nlohmann::json ClockMap(const std::map<int, int64_t>& m) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& [epoch, clock] : m) j.push_back({epoch, clock});
+  return j;
+}
+
+std::map<int, int64_t> ClockMapFrom(const nlohmann::json& j) {
+  std::map<int, int64_t> m;
+  try {
+    for (const auto& [epoch, clock] : j.get<std::vector<std::pair<int, int64_t>>>()) {
+      m[epoch] = clock;
+    }
+  } catch (const nlohmann::json::exception&) {
+    m.clear();
+  }
+  return m;
+}
+
+}  // namespace
+
+nlohmann::json CheckpointBook::StateJson() const {
+  nlohmann::json sets = nlohmann::json::array();
+  for (const JobSet& s : job_sets_) sets.push_back({{"set", s.set}, {"clock", s.clock}});
+  return {{"job_sets", sets},
+          {"recorded_clock", recorded_clock_},
+          {"checkpoints_recorded", checkpoints_recorded_},
+          {"whole_clock", whole_clock_},
+          {"lease_clock", lease_clock_},
+          {"committed", committed_},
+          {"epoch_last_clock", ClockMap(epoch_last_clock_)},
+          {"epoch_done_clock", ClockMap(epoch_done_clock_)},
+          {"checkpoint_at", checkpoint_at_},
+          {"abandoned_checkpoint_at", abandoned_checkpoint_at_},
+          {"next_checkpoint_time", next_checkpoint_time_}};
+}
+
+void CheckpointBook::RestoreState(const nlohmann::json& state) {
+  if (!state.is_object()) return;
+  job_sets_.clear();
+  if (state.contains("job_sets") && state["job_sets"].is_array()) {
+    for (const nlohmann::json& s : state["job_sets"]) {
+      job_sets_.push_back(JobSet{Get<std::string>(s, "set", ""), Get<int64_t>(s, "clock", 0)});
+    }
+  }
+  recorded_clock_ = Get<int64_t>(state, "recorded_clock", 0);
+  checkpoints_recorded_ = Get<uint64_t>(state, "checkpoints_recorded", 0);
+  whole_clock_ = Get<int64_t>(state, "whole_clock", 0);
+  lease_clock_ = Get(state, "lease_clock", std::vector<int64_t>{});
+  committed_ = Get(state, "committed", std::vector<std::set<int64_t>>{});
+  epoch_last_clock_ = ClockMapFrom(state.value("epoch_last_clock", nlohmann::json::array()));
+  epoch_done_clock_ = ClockMapFrom(state.value("epoch_done_clock", nlohmann::json::array()));
+  checkpoint_at_ = Get<int64_t>(state, "checkpoint_at", -1);
+  abandoned_checkpoint_at_ = Get<int64_t>(state, "abandoned_checkpoint_at", -1);
+  next_checkpoint_time_ = Get<double>(state, "next_checkpoint_time", -1);
+}
+
 }  // namespace ps

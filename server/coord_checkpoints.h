@@ -74,6 +74,11 @@ class CheckpointBook {
   int64_t recorded_clock() const { return recorded_clock_; }
   uint64_t checkpoints_recorded() const { return checkpoints_recorded_; }
 
+  // ---- restart (server/coord_resume.h) ----
+  // What the book knows of this job, for the coordinator's journal, and back.
+  nlohmann::json StateJson() const;
+  void RestoreState(const nlohmann::json& state);
+
   // ---- naming ----
   // The clock named for the next set (-1: none yet).
   int64_t checkpoint_at() const { return checkpoint_at_; }

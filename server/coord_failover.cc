@@ -271,4 +271,24 @@ Status Failover::ShutdownServers(std::vector<ServerSummary>* out) {
   return first_error;
 }
 
+nlohmann::json Failover::StateJson() const {
+  nlohmann::json promoted = nlohmann::json::array();
+  for (const auto& [dead, backup] : promoted_) promoted.push_back({dead, backup});
+  return {{"promoted", promoted}, {"replaced", replaced_}};
+}
+
+void Failover::RestoreState(const nlohmann::json& state) {
+  promoted_.clear();
+  replaced_.clear();
+  try {
+    for (const auto& [dead, backup] :
+         state.at("promoted").get<std::vector<std::pair<int, int>>>()) {
+      promoted_[dead] = backup;
+    }
+    replaced_ = state.at("replaced").get<std::set<int>>();
+  } catch (const nlohmann::json::exception&) {
+    LOG(WARNING) << "coordinator journal: no failover state; none restored";
+  }
+}
+
 }  // namespace ps

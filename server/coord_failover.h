@@ -86,6 +86,11 @@ class Failover {
   // Registrations still waiting when the job ends.
   std::vector<Member> TakeWaiting() { return std::move(waiting_); }
 
+  // Which servers were failed over or replaced, for the coordinator's journal
+  // (server/coord_resume.h), and back.
+  nlohmann::json StateJson() const;
+  void RestoreState(const nlohmann::json& state);
+
   // Shuts every live server down; the summary's server entries. The first error, if any.
   Status ShutdownServers(std::vector<ServerSummary>* out);
 

@@ -22,6 +22,10 @@ const char* KindName(FailureKind kind) {
       return "worker_failed";
     case FailureKind::kServerLost:
       return "server_lost";
+    case FailureKind::kServerLeft:
+      return "server_left";
+    case FailureKind::kCoordinatorRestart:
+      return "coordinator_restart";
   }
   return "unknown";
 }
@@ -41,11 +45,14 @@ json RollbackJson(const Rollback& r) {
 }  // namespace
 
 json FailureEntry::ToJson() const {
-  const bool server = kind == FailureKind::kServerLost;
-  json j = {{"kind", KindName(kind)},
-            {"process", (server ? "server-" : "worker-") + std::to_string(id)},
-            {server ? "server" : "worker", id},
-            {"time", time}};
+  const bool server = kind == FailureKind::kServerLost || kind == FailureKind::kServerLeft;
+  json j = {{"kind", KindName(kind)}, {"time", time}};
+  if (kind == FailureKind::kCoordinatorRestart) {
+    j["process"] = "coordinator";
+  } else {
+    j["process"] = (server ? "server-" : "worker-") + std::to_string(id);
+    j[server ? "server" : "worker"] = id;
+  }
   Put(j, "pid", pid);
   Put(j, "host", host);
   Put(j, "unix_time", unix_time);
@@ -68,6 +75,8 @@ json FailureEntry::ToJson() const {
   Put(j, "new_endpoint", new_endpoint);
   Put(j, "restore_seconds", restore_seconds);
   Put(j, "serving_unix_time", serving_unix_time);
+  Put(j, "clock", clock);
+  Put(j, "down_seconds", down_seconds);
   return j;
 }
 
@@ -92,6 +101,16 @@ void FailureLog::NoteFirstPullsAfterFailover(const json& served) {
 uint64_t FailureLog::PushesRolledBack(bool* estimated) const {
   uint64_t rolled_back = 0;
   *estimated = false;
+  for (const json& e : earlier_) {
+    if (!e.is_object() || !e.contains("rollback") || !e["rollback"].is_object()) continue;
+    *estimated = true;
+    const json& r = e["rollback"];
+    const auto count = [&r](const char* key) -> uint64_t {
+      return r.contains(key) && r[key].is_number_unsigned() ? r[key].get<uint64_t>() : 0;
+    };
+    rolled_back +=
+        std::max(count("pushes_since_checkpoint"), count("pushes_since_checkpoint_estimate"));
+  }
   for (const FailureEntry& e : entries_) {
     if (!e.rollback) continue;
     *estimated = true;
@@ -101,14 +120,19 @@ uint64_t FailureLog::PushesRolledBack(bool* estimated) const {
   return rolled_back;
 }
 
+void FailureLog::RestoreEarlier(json entries, json joins) {
+  earlier_ = entries.is_array() ? std::move(entries) : json::array();
+  earlier_joins_ = joins.is_array() ? std::move(joins) : json::array();
+}
+
 json FailureLog::ToJson() const {
-  json j = json::array();
+  json j = earlier_;
   for (const FailureEntry& e : entries_) j.push_back(e.ToJson());
   return j;
 }
 
 json FailureLog::JoinsJson() const {
-  json j = json::array();
+  json j = earlier_joins_;
   for (const JoinEntry& e : joins_) {
     j.push_back({{"worker", e.worker}, {"pid", e.pid}, {"host", e.host}, {"time", e.time}});
   }

@@ -6,7 +6,12 @@
 // Kinds: `worker_lost` (silent past --heartbeat_timeout), `worker_left` (SIGTERM),
 // `worker_failed` (sent done with an error), `server_lost` (silent; failed over to its
 // backup with --replicas=2, or restarted from a checkpoint set with --replicas=1, which
-// fills the entry's restart and `rollback` fields when the replacement arrives).
+// fills the entry's restart and `rollback` fields when the replacement arrives),
+// `server_left` (SIGTERM with --replicas=2: it handed its shards to its backup, promoted
+// before it exited, with nothing to roll back),
+// `coordinator_restart` (the coordinator died and a new one resumed the job from its
+// journal, server/coord_journal.h: `clock` is the fastest live worker's clock it knew,
+// `down_seconds` the time from its last journal write to the restart).
 //
 // Thread model: not thread-safe; the coordinator's one thread owns it.
 #pragma once
@@ -19,7 +24,14 @@
 
 namespace ps {
 
-enum class FailureKind { kWorkerLost, kWorkerLeft, kWorkerFailed, kServerLost };
+enum class FailureKind {
+  kWorkerLost,
+  kWorkerLeft,
+  kWorkerFailed,
+  kServerLost,
+  kServerLeft,
+  kCoordinatorRestart
+};
 
 // What a server restarted from a checkpoint set lost (--replicas=1).
 struct Rollback {
@@ -59,6 +71,9 @@ struct FailureEntry {
   std::optional<uint32_t> new_pid;
   std::optional<std::string> new_endpoint;
   std::optional<double> restore_seconds, serving_unix_time;
+  // coordinator_restart
+  std::optional<int64_t> clock;
+  std::optional<double> down_seconds;
 
   nlohmann::json ToJson() const;
 };
@@ -91,9 +106,15 @@ class FailureLog {
   nlohmann::json ToJson() const;
   nlohmann::json JoinsJson() const;
 
+  // A restarted coordinator: the entries and joins an earlier one logged (ToJson and
+  // JoinsJson as journaled) come first. They are kept as JSON; rollbacks among them still
+  // count in PushesRolledBack.
+  void RestoreEarlier(nlohmann::json entries, nlohmann::json joins);
+
  private:
   std::vector<FailureEntry> entries_;
   std::vector<JoinEntry> joins_;
+  nlohmann::json earlier_ = nlohmann::json::array(), earlier_joins_ = nlohmann::json::array();
 };
 
 }  // namespace ps

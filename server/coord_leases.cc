@@ -28,11 +28,17 @@ int LeaseDesk::Release(int worker) {
   return returned;
 }
 
+void LeaseDesk::DropHeld(int worker, uint64_t request_id) {
+  std::erase_if(
+      held_, [&](const HeldLease& h) { return h.worker == worker && h.request_id == request_id; });
+}
+
 std::vector<LeaseAnswer> LeaseDesk::Answer(int evaluator, const std::vector<bool>& live) {
   std::vector<LeaseAnswer> answers;
   for (auto it = held_.begin(); it != held_.end();) {
     LeaseAnswer a;
     a.peer = it->peer;
+    a.worker = it->worker;
     a.request_id = it->request_id;
     a.batch_size = BatchSizeFor(it->worker, live);
     if (it->worker == evaluator && !evaluations_.empty()) {

@@ -38,6 +38,7 @@ struct HeldLease {
 // size and, for the evaluator, an epoch to evaluate.
 struct LeaseAnswer {
   std::string peer;
+  int worker = -1;
   uint64_t request_id = 0;
   uint32_t batch_size = 0;
   std::optional<int> evaluate_epoch;
@@ -67,6 +68,13 @@ class LeaseDesk {
   // w is neither dead nor left; `evaluator`: the worker told which epochs to evaluate.
   std::vector<LeaseAnswer> Answer(int evaluator, const std::vector<bool>& live);
   uint32_t BatchSizeFor(int worker, const std::vector<bool>& live) const;
+
+  // The epochs queued for the evaluator, for the journal (server/coord_resume.h).
+  const std::vector<int>& evaluations() const { return evaluations_; }
+  void set_evaluations(std::vector<int> epochs) { evaluations_ = std::move(epochs); }
+  // Drops the held requests of `worker` with request id `request_id` (a resend replaces
+  // them).
+  void DropHeld(int worker, uint64_t request_id);
 
  private:
   LeaseDeskOptions options_;

@@ -89,6 +89,16 @@ Result<std::vector<GroupPlan>> Membership::Assemble(CoordClock::time_point now) 
   return groups;
 }
 
+void Membership::Restore(std::vector<Member> servers, std::vector<Member> workers,
+                         CoordClock::time_point now) {
+  servers_ = std::move(servers);
+  workers_ = std::move(workers);
+  for (auto* group : {&servers_, &workers_}) {
+    for (Member& m : *group) m.last_seen = now;
+  }
+  assembled_ = true;
+}
+
 // All-reduce groups of two or more workers: by --group=NAME where a worker gave one, else
 // by id under --group_size. The lowest id leads (so worker 0, which evaluates, always
 // leads its group). A group must sit on one host (its channel is ipc) and hold one kind of

@@ -93,6 +93,12 @@ class Membership {
   Result<std::vector<GroupPlan>> Assemble(CoordClock::time_point now);
   bool assembled() const { return assembled_; }
 
+  // A restarted coordinator (server/coord_resume.h): the job's members as journaled, ids
+  // by position. Every process's heartbeat clock starts at `now`; peers are learned again
+  // as processes write (their routing identities changed with the coordinator's socket).
+  void Restore(std::vector<Member> servers, std::vector<Member> workers,
+               CoordClock::time_point now);
+
   // A worker joins the running job; returns its id.
   uint32_t Join(Member m, CoordClock::time_point now);
 

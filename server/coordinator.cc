@@ -20,6 +20,7 @@
 #include "server/coord_messages.h"
 #include "server/coord_progress.h"
 #include "server/coord_summary.h"
+#include "server/coordinator_job.h"
 
 namespace ps {
 namespace {
@@ -37,101 +38,20 @@ Status WriteTextFile(const std::string& path, const std::string& text) {
   return Status::Ok();
 }
 
-// The job's event loop: owns the socket, decodes each request and hands it to the part
-// that owns its state (membership, leases, checkpoints, failover, progress), then sends
-// what that part decided.
-class CoordinatorJob {
- public:
-  CoordinatorJob(const JobConfig& config, const CoordinatorOptions& options, Transport* transport)
-      : config_(config),
-        options_(options),
-        transport_(transport),
-        members_(MembershipOptions::ForJob(config)),
-        leases_({config.epochs, static_cast<uint64_t>(config.chunk_examples), config.batch_size,
-                 config.auto_batch}),
-        checkpoints_(config),
-        failover_({options.evict_timeout, options.shutdown_timeout}, transport, &members_),
-        progress_(
-            {config.epochs, config.staleness, options.progress_every_seconds, options.metrics}) {}
-
-  Status Run(const std::atomic<bool>& stop);
-
- private:
-  // ---- the socket ----
-  Status Send(const std::string& peer, capnp::MallocMessageBuilder& b);
-  void ReplyError(const std::string& peer, uint64_t request_id, const Status& error);
-  std::optional<DecodedHeader> Decode(Incoming& in);
-  void ReplyStatus(const std::string& peer, uint64_t rid);
-
-  // ---- registration ----
-  Status ResolveRestore();
-  Status Register(const std::atomic<bool>& stop);
-  void OnRegistration(const std::string& peer, wire::Header::Reader header);
-  Status Assemble();
-  Status ReplyRegistration(const Member& m, uint32_t id, bool original,
-                           const GroupPlan* plan = nullptr, int rank = 0);
-
-  // ---- training ----
-  Status Train(const std::atomic<bool>& stop);
-  Status Dispatch(const std::string& peer, wire::Header::Reader header);
-  Status DispatchWorker(const std::string& peer, int w, wire::Header::Reader header);
-  Status OnJoin(const std::string& peer, uint64_t rid, wire::Register::Reader reg);
-  Status OnServerJoin(const std::string& peer, uint64_t rid, wire::Register::Reader reg);
-  Status AssignWaitingServers();
-  void ReplyReplacement(int s, const std::optional<JobSet>& set);
-  Status OnAlive(const std::string& peer, uint64_t rid, wire::Alive::Reader alive);
-  Status CheckHeartbeats();
-  void OnSilentServer(int s, Clock::time_point now);
-  Status RemoveWorker(int w, bool dead, std::optional<bool> completed_chunk);
-  void OnServerReport(int s, const char* text);
-  Status OnWorkerReport(const std::string& peer, int w, uint64_t rid, const char* text);
-  Status OnDone(const std::string& peer, int w, uint64_t rid, wire::Done::Reader done);
-  Status OnLease(const std::string& peer, int w, uint64_t rid, wire::LeaseRequest::Reader req);
-  Status AnswerHeldLeases();
-  Status MaybeReleaseBarrier();
-  Status OnStopSignal();
-  // The model diverged (a worker's check, or the loss watch): the job stops at once.
-  void OnDiverged(Divergence d);
-
-  // ---- the end ----
-  Status WriteSummary(const Status& outcome, std::vector<ServerSummary> servers);
-
-  double Elapsed() const {
-    return std::chrono::duration<double>(Clock::now() - train_start_).count();
-  }
-
-  JobConfig config_;
-  CoordinatorOptions options_;
-  Transport* transport_;
-  std::unique_ptr<ServerSocket> socket_;
-  std::unique_ptr<MetricsLog> metrics_;
-  Membership members_;
-  LeaseDesk leases_;
-  CheckpointBook checkpoints_;
-  Failover failover_;
-  Progress progress_;
-  FailureLog failures_;
-  LossWatch loss_watch_{config_.divergence_loss_ratio};
-  std::optional<Divergence> divergence_;  // the first sign of divergence; ends Train
-  Clock::time_point job_start_, train_start_;
-  double train_start_unix_ = 0;  // metrics lines' "time" minus this: seconds into training
-  uint64_t messages_during_training_ = 0;  // requests from workers while the job ran
-  bool barrier_released_ = false;
-  int final_evaluator_ = -1;
-  Clock::time_point barrier_time_;
-};
+}  // namespace
 
 Status CoordinatorJob::Run(const std::atomic<bool>& stop) {
   PS_RETURN_IF_ERROR(MakeDirs(options_.run_dir));
   PS_RETURN_IF_ERROR(ResolveRestore());
+  job_start_ = Clock::now();
+  PS_RETURN_IF_ERROR(OpenJournal());  // with --resume: the job's state is back
   PS_ASSIGN_OR_RETURN(metrics_, MetricsLog::Open(options_.run_dir + "/metrics.jsonl"));
   PS_ASSIGN_OR_RETURN(socket_, transport_->Listen(options_.listen));
   LOG(INFO) << "coordinator listening on " << socket_->BoundEndpoint();
   if (!options_.endpoint_file.empty()) {
     PS_RETURN_IF_ERROR(WriteTextFile(options_.endpoint_file, socket_->BoundEndpoint() + "\n"));
   }
-  job_start_ = Clock::now();
-  Status outcome = Register(stop);
+  Status outcome = resumed_ ? Status::Ok() : Register(stop);
   if (!outcome.ok()) {
     // Tell whoever did register, so that no process waits on a job that will not start.
     for (const auto* group : {&members_.servers(), &members_.workers()}) {
@@ -139,7 +59,8 @@ Status CoordinatorJob::Run(const std::atomic<bool>& stop) {
     }
     members_.servers().clear();
   } else {
-    outcome = Train(stop);
+    outcome = Persist();
+    if (outcome.ok()) outcome = Train(stop);
   }
   checkpoints_.RecordWholeSet(members_.Training());  // the workers are done: it waits on nobody
   for (const Member& m : failover_.TakeWaiting()) {
@@ -152,6 +73,8 @@ Status CoordinatorJob::Run(const std::atomic<bool>& stop) {
   if (outcome.ok()) outcome = shut;
   Status written = WriteSummary(outcome, std::move(servers));
   if (outcome.ok()) outcome = written;
+  finished_ = true;  // a coordinator started with --resume now has nothing to resume
+  if (Status j = Persist(); !j.ok()) LOG(WARNING) << "coordinator: " << j.ToString();
   return outcome;
 }
 
@@ -312,6 +235,7 @@ Status CoordinatorJob::Train(const std::atomic<bool>& stop) {
   while (!progress_.final_eval()) {
     if (stop.load()) PS_RETURN_IF_ERROR(OnStopSignal());
     PS_RETURN_IF_ERROR(CheckHeartbeats());
+    PS_RETURN_IF_ERROR(Persist());
     if (barrier_released_ && Clock::now() - barrier_time_ > options_.final_eval_timeout) {
       return DeadlineExceeded("worker 0 sent no final evaluation within " +
                               std::to_string(options_.final_eval_timeout.count()) + " ms");
@@ -344,7 +268,10 @@ Status CoordinatorJob::Train(const std::atomic<bool>& stop) {
 Status CoordinatorJob::Dispatch(const std::string& peer, wire::Header::Reader header) {
   const uint64_t rid = header.getRequestId();
   const auto which = header.getBody().which();
-  const int w = members_.WorkerIndex(peer);
+  int w = members_.WorkerIndex(peer);
+  if (w < 0 && resumed_ && members_.ServerIndex(peer) < 0 && Reattach(peer, header)) {
+    w = members_.WorkerIndex(peer);  // -1 again for a server
+  }
   if (which == wire::Header::Body::STATUS) {
     ReplyStatus(peer, rid);
     return Status::Ok();
@@ -491,6 +418,7 @@ Status CoordinatorJob::OnAlive(const std::string& peer, uint64_t rid, wire::Aliv
   capnp::MallocMessageBuilder b;
   auto reply = NewHeader(b, rid, -1).getBody().initAliveReply();
   reply.setEvicted(evicted);
+  reply.setIncarnation(incarnation_);
   if (failover_.any_redirects() && alive.getRole() == wire::Role::WORKER) {
     SetRedirects(reply, failover_.Redirects());
   }
@@ -551,6 +479,22 @@ void CoordinatorJob::OnSilentServer(int s, Clock::time_point now) {
   }
 }
 
+void CoordinatorJob::OnServerLeaving(int s) {
+  Member& m = members_.servers()[static_cast<size_t>(s)];
+  if (config_.replicas < 2) return;  // it stops as on a death; a replacement restores
+  m.dead = true;
+  FailureEntry e;
+  e.kind = FailureKind::kServerLeft;
+  e.id = s;
+  e.pid = m.pid;
+  e.time = Elapsed();
+  e.unix_time = UnixSeconds();
+  failover_.PromoteBackup(s, Clock::now(), Elapsed(), &e);
+  LOG(WARNING) << "server " << s << " left (SIGTERM): " << e.ToJson().dump();
+  progress_.CountFailure();
+  failures_.Add(std::move(e));
+}
+
 // Worker `w` is gone (dead: silent too long; or left on SIGTERM): its leases go back to
 // the queue, the servers drop it, and the event is in the failure log.
 Status CoordinatorJob::RemoveWorker(int w, bool dead, std::optional<bool> completed_chunk) {
@@ -595,6 +539,10 @@ Status CoordinatorJob::RemoveWorker(int w, bool dead, std::optional<bool> comple
 void CoordinatorJob::OnServerReport(int s, const char* text) {
   std::optional<json> j = ParseServerReport(text);
   if (!j) return;
+  if (j->contains("leaving") && (*j)["leaving"].is_boolean() && (*j)["leaving"].get<bool>()) {
+    OnServerLeaving(s);
+    return;
+  }
   if (j->contains("promoted_first_pull_unix_time") &&
       (*j)["promoted_first_pull_unix_time"].is_object()) {
     failures_.NoteFirstPullsAfterFailover((*j)["promoted_first_pull_unix_time"]);
@@ -627,7 +575,10 @@ Status CoordinatorJob::OnWorkerReport(const std::string& peer, int w, uint64_t r
     ReplyError(peer, rid, fields);
     return Status::Ok();
   }
-  metrics_->Append(report);
+  // A report sent again after a restart was appended already.
+  const bool again = resumed_ && last_report_.count(w) > 0 && last_report_[w] == rid;
+  last_report_[w] = rid;
+  if (!again) metrics_->Append(report);
   switch (KindOf(report)) {
     case MetricsLineKind::kTrain: {
       TrainLine line = TrainLine::FromJson(report);
@@ -648,6 +599,7 @@ Status CoordinatorJob::OnWorkerReport(const std::string& peer, int w, uint64_t r
     case MetricsLineKind::kOther:
       break;
   }
+  PS_RETURN_IF_ERROR(Persist());  // the report's id: it is not appended twice
   capnp::MallocMessageBuilder b;
   NewHeader(b, rid, -1).getBody().initReportReply();
   PS_RETURN_IF_ERROR(Send(peer, b));
@@ -705,6 +657,11 @@ Status CoordinatorJob::OnDone(const std::string& peer, int w, uint64_t rid,
 // its pushes and left the clock tables).
 Status CoordinatorJob::OnLease(const std::string& peer, int w, uint64_t rid,
                                wire::LeaseRequest::Reader req) {
+  if (resumed_) {
+    PS_ASSIGN_OR_RETURN(bool resent, OnLeaseResent(peer, w, rid, req));
+    if (resent) return Status::Ok();
+  }
+  lease_seen_[w] = LeaseSeen{rid, std::nullopt};
   if (Status size = leases_.table().SetDatasetSize(req.getDatasetSize()); !size.ok()) {
     ReplyError(peer, rid, size);
     return Status::Ok();
@@ -734,7 +691,17 @@ Status CoordinatorJob::OnLease(const std::string& peer, int w, uint64_t rid,
 
 // Sends every lease answer that can be given now.
 Status CoordinatorJob::AnswerHeldLeases() {
-  for (const LeaseAnswer& a : leases_.Answer(members_.Evaluator(), members_.Live())) {
+  const std::vector<LeaseAnswer> answers = leases_.Answer(members_.Evaluator(), members_.Live());
+  for (const LeaseAnswer& a : answers) {
+    auto seen = lease_seen_.find(a.worker);
+    if (seen != lease_seen_.end() && seen->second.request_id == a.request_id) {
+      seen->second.answer = a;
+    }
+  }
+  // What a worker is told is in the journal first: a restarted coordinator must not lease
+  // its chunk to another.
+  if (!answers.empty()) PS_RETURN_IF_ERROR(Persist());
+  for (const LeaseAnswer& a : answers) {
     capnp::MallocMessageBuilder b;
     SetLeaseReply(NewHeader(b, a.request_id, -1).getBody().initLeaseReply(), a);
     PS_RETURN_IF_ERROR(Send(a.peer, b));
@@ -812,8 +779,6 @@ Status CoordinatorJob::WriteSummary(const Status& outcome, std::vector<ServerSum
   in.pushes_rolled_back = failures_.PushesRolledBack(&in.rollback_estimated);
   return WriteRunSummary(BuildSummary(in), options_.run_dir);
 }
-
-}  // namespace
 
 Status RunCoordinator(const JobConfig& config, const CoordinatorOptions& options,
                       Transport* transport, const std::atomic<bool>& stop) {

@@ -35,6 +35,21 @@
 // epoch to resume at (the first one not wholly trained by that clock) and the LR iteration.
 // With --restore it hands the servers the set and the workers its clock and epoch.
 //
+// Restart: the coordinator journals the job's state as it changes (membership with
+// endpoints, data leases and the answers it gave, clocks, the checkpoint record, failures,
+// the start time) in <run_dir>/coordinator.db (server/coord_journal.h). A coordinator killed
+// and started again with --resume at the same endpoint and run directory takes that state
+// back. Servers and workers keep training meanwhile (pushes and pulls do not go through the
+// coordinator) and keep beating; for the job's --coordinator_restart_timeout they wait for a
+// coordinator instead of stopping. Their connections reach the new process on their own
+// (ZeroMQ reconnects); it learns their new routing identities from the sender ids of their
+// requests (Reattach), and every heartbeat reply carries its incarnation, so that a worker
+// sends again a request the dead coordinator never answered (worker/coordinator_call.h); a
+// lease request it had answered gets the same answer again. Leases outstanding at the
+// crash stay with their live workers; those of a worker that does not come back return to
+// the queue when it is declared dead, as always. summary.json lists the restart under
+// `failures` (`coordinator_restart`).
+//
 // Parts: RunCoordinator's event loop owns the socket, decodes each request and sends what
 // the part that owns the state decided: who is in the job and alive
 // (server/coord_membership.h), data leases (coord_leases.h), the failure log
@@ -80,6 +95,14 @@ struct CoordinatorOptions {
   std::chrono::milliseconds evict_timeout{5000};
   // How often the loop looks at `stop` (and at heartbeats) while idle.
   std::chrono::milliseconds poll_interval{200};
+  // Resume the job journaled in the run directory (a coordinator restarted after it died):
+  // its processes re-attach with their ids and the job goes on. Off: a new job (an
+  // earlier journal there is replaced). See "Restart" above.
+  bool resume = false;
+  // The journal (server/coord_journal.h); empty: <run_dir>/coordinator.db.
+  std::string journal;
+  // Sync each journal write to disk (off only in tests).
+  bool journal_sync = true;
   // Where the Prometheus metrics go (common/metrics.h); nullptr: none. Borrowed.
   Metrics* metrics = nullptr;
 };

@@ -91,6 +91,12 @@ DEFINE_string(
     "clock, epoch and LR schedule continue from there");
 DEFINE_double(heartbeat_timeout, kDefaults.heartbeat_timeout,
               "seconds without a heartbeat after which a worker is declared dead");
+DEFINE_double(coordinator_restart_timeout, kDefaults.coordinator_restart_timeout,
+              "seconds servers and workers wait for a dead coordinator to be restarted "
+              "(--resume) before they stop (after 3 heartbeat timeouts of silence)");
+DEFINE_bool(resume, false,
+            "resume the job journaled in --run_dir (DIR/coordinator.db): a coordinator "
+            "restarted after it died, at the same --listen endpoint, with the same flags");
 
 // ---- this process ----
 DEFINE_string(listen, "tcp://127.0.0.1:7000", "where to listen; port * picks a free one");
@@ -156,6 +162,7 @@ int main(int argc, char** argv) {
   options.register_timeout = std::chrono::milliseconds(FLAGS_register_timeout_ms);
   options.progress_every_seconds = FLAGS_progress_every_seconds;
   options.stop_checkpoint_timeout = std::chrono::milliseconds(FLAGS_stop_checkpoint_timeout_ms);
+  options.resume = FLAGS_resume;
   auto metrics = ps::StartProcessMetrics("coordinator", -1, FLAGS_metrics_host, FLAGS_metrics_port);
   if (!metrics.ok()) {
     LOG(ERROR) << "ps_coordinator: " << metrics.status().ToString();

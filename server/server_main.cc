@@ -109,7 +109,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   ps::Transport transport(topt);
-  // A dead coordinator shuts nobody down: stop as on SIGTERM (writing the checkpoint).
+  // A coordinator dead for longer than the job's --coordinator_restart_timeout (not
+  // restarted) shuts nobody down: stop as on SIGTERM (writing the checkpoint).
   options.on_coordinator_lost = [] { g_stop.store(true); };
   ps::Status s = ps::RunServer(options, &transport, g_stop);
   if (!s.ok()) {

@@ -432,8 +432,9 @@ HeartbeatOptions ServerHeartbeat(const Registration& reg, const ServerOptions& o
   hopt.id = reg.id;
   hopt.interval = std::chrono::milliseconds(
       std::max<int64_t>(1, static_cast<int64_t>(reg.config.heartbeat_timeout * 1000 / 4)));
-  hopt.coordinator_timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(reg.config.heartbeat_timeout * 3000));
+  // A dead coordinator may be restarted (server/coordinator.h): serve on meanwhile.
+  hopt.coordinator_timeout = std::chrono::milliseconds(static_cast<int64_t>(
+      (reg.config.heartbeat_timeout * 3 + reg.config.coordinator_restart_timeout) * 1000));
   hopt.on_coordinator_lost = options.on_coordinator_lost;
   return hopt;
 }
@@ -468,6 +469,53 @@ void CheckpointOnStop(ServerCore& core) {
   Status c = core.WriteCheckpoint(clock);
   if (!c.ok())
     LOG(ERROR) << "server " << core.server_id() << ": checkpoint on stop: " << c.ToString();
+}
+
+// Waits until the backup acknowledged every request forwarded to it (what this server
+// applied is then all there), or `deadline`.
+Status DrainBackupLink(BackupLink& link, ServerCore::Clock::time_point deadline) {
+  while (!link.down() && link.Poll(ServerCore::Clock::now()) < link.sent()) {
+    if (ServerCore::Clock::now() > deadline) {
+      return DeadlineExceeded(std::to_string(link.sent() - link.acked()) +
+                              " requests forwarded to the backup are not acknowledged");
+    }
+    zmq::pollitem_t item = {link.PollHandle().handle(), 0, ZMQ_POLLIN, 0};
+    PollSockets(&item, 1, std::chrono::milliseconds(10));
+  }
+  if (link.down()) return Unavailable("the backup stopped answering");
+  return Status::Ok();
+}
+
+// SIGTERM with --replicas=2 (a preemption notice): hands this server's shards to its
+// backup before it exits. It serves nothing more; once the backup has acknowledged every
+// forwarded request, the coordinator is told (a report with "leaving") and promotes the
+// backup before it answers; the workers are redirected there and send again what this
+// server left unanswered (same request ids: applied once). Nothing is rolled back.
+Status HandOffShards(const Registration& reg, ServerCore& core, BackupLink* link,
+                     BackupStore* backups) {
+  if (backups != nullptr && backups->any_promoted()) {
+    return FailedPrecondition("it also serves a dead server's shards, which have no other copy");
+  }
+  if (link == nullptr || link->down()) return FailedPrecondition("it has no live backup");
+  const auto timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(reg.config.heartbeat_timeout * 1000) + 10000);
+  const auto deadline = ServerCore::Clock::now() + timeout;
+  PS_RETURN_IF_ERROR(DrainBackupLink(*link, deadline));
+  nlohmann::json status = ServerStatusJson(core, ServerCore::Clock::now());
+  status["leaving"] = true;
+  constexpr uint64_t kLeaving = uint64_t{1} << 40;
+  capnp::MallocMessageBuilder b;
+  NewHeader(b, kLeaving, core.server_id()).getBody().initReport().setJson(status.dump());
+  Frames f;
+  f.push_back(EncodeFrame(b));
+  PS_RETURN_IF_ERROR(reg.coordinator->Send(std::move(f)));
+  while (ServerCore::Clock::now() < deadline) {  // earlier reports' answers come first
+    Result<Frames> reply = reg.coordinator->Recv(std::chrono::milliseconds(100));
+    if (!reply.ok() || reply->empty()) continue;
+    Result<DecodedHeader> h = DecodedHeader::Decode((*reply)[0]);
+    if (h.ok() && h->get().getRequestId() == kLeaving) return Status::Ok();
+  }
+  return DeadlineExceeded("the coordinator did not confirm the hand-off");
 }
 
 // Writes the model to --export_dir; the copies this server holds as a backup go beside it,
@@ -528,6 +576,16 @@ Status RunServer(const ServerOptions& options, Transport* transport,
   serve.backup_link = backup_link.get();
   serve.heartbeat = heartbeat.get();
   Status s = ServeUntilShutdown(*socket, *core, stop, serve);
+  if (s.code() == StatusCode::kAborted && reg.config.replicas >= 2 && stop.load()) {
+    Status handed = HandOffShards(reg, *core, backup_link.get(), backups ? &*backups : nullptr);
+    if (handed.ok()) {
+      LOG(WARNING) << "server " << reg.id << ": stopped by a signal; its backup serves its shards";
+      LogDone(*core);
+      return Status::Ok();
+    } else {
+      LOG(ERROR) << "server " << reg.id << ": cannot hand its shards over: " << handed.ToString();
+    }
+  }
   if (s.code() == StatusCode::kAborted && !reg.config.checkpoint_dir.empty()) {
     CheckpointOnStop(*core);
   }

@@ -16,6 +16,7 @@
 #include "common/run_summary.h"
 #include "common/shard_map.h"
 #include "common/wire.h"
+#include "worker/coordinator_call.h"
 #include "worker/group_trainer.h"
 #include "worker/worker_metrics.h"
 
@@ -32,8 +33,8 @@ double SecondsSince(SteadyClock::time_point t) {
 // Reports go to the coordinator, one request at a time on the registration socket.
 class CoordinatorSink final : public ProgressSink {
  public:
-  CoordinatorSink(ClientSocket* coordinator, int worker_id)
-      : coordinator_(coordinator), worker_id_(worker_id) {}
+  CoordinatorSink(ClientSocket* coordinator, int worker_id, const HeartbeatSender* heartbeat)
+      : coordinator_(coordinator), worker_id_(worker_id), heartbeat_(heartbeat) {}
   // With `metrics`, each train line also updates them (with `client`'s counters).
   void SetMetrics(WorkerMetrics* metrics, const KVClient* client) {
     metrics_ = metrics;
@@ -47,12 +48,15 @@ class CoordinatorSink final : public ProgressSink {
     NewHeader(b, ++request_id_, worker_id_).getBody().initReport().setJson(line.dump());
     Frames f;
     f.push_back(EncodeFrame(b));
-    return Call(*coordinator_, std::move(f), std::chrono::seconds(60)).status();
+    CoordinatorCallOptions call;
+    call.heartbeat = heartbeat_;
+    return CallCoordinator(*coordinator_, std::move(f), request_id_, call).status();
   }
 
  private:
   ClientSocket* coordinator_;
   int worker_id_;
+  const HeartbeatSender* heartbeat_;
   uint64_t request_id_ = 0;
   WorkerMetrics* metrics_ = nullptr;
   const KVClient* client_ = nullptr;
@@ -63,41 +67,41 @@ class CoordinatorSink final : public ProgressSink {
 // *evaluate: this worker evaluates the final model (worker 0, or the coordinator's choice
 // once worker 0 is gone).
 Status SendDone(ClientSocket& coordinator, int worker_id, const json& totals, const Status& outcome,
-                const std::atomic<bool>& stop, bool* evaluate = nullptr) {
+                const std::atomic<bool>& stop, const HeartbeatSender* heartbeat,
+                bool* evaluate = nullptr) {
+  constexpr uint64_t kDoneRequest = 1u << 30;
   capnp::MallocMessageBuilder b;
-  auto done = NewHeader(b, 1u << 30, worker_id).getBody().initDone();
+  auto done = NewHeader(b, kDoneRequest, worker_id).getBody().initDone();
   done.setJson(totals.dump());
   done.setFailed(!outcome.ok());
   done.setMessage(outcome.ToString());
   Frames f;
   f.push_back(EncodeFrame(b));
-  PS_RETURN_IF_ERROR(coordinator.Send(std::move(f)));
-  while (!stop.load()) {
-    Result<Frames> reply = coordinator.Recv(std::chrono::milliseconds(500));
-    if (!reply.ok()) {
-      if (reply.status().code() == StatusCode::kDeadlineExceeded) continue;
-      return reply.status();
+  // The barrier waits for the slowest worker: no limit but `stop`.
+  CoordinatorCallOptions call;
+  call.timeout = std::chrono::hours(24 * 365);
+  call.heartbeat = heartbeat;
+  call.stop = &stop;
+  Result<CallReply> reply = CallCoordinator(coordinator, std::move(f), kDoneRequest, call);
+  if (!reply.ok()) {
+    if (reply.status().code() == StatusCode::kAborted) {
+      return Aborted("stopped while waiting for the other workers");
     }
-    if (reply->empty()) return Internal("empty answer to done");
-    PS_ASSIGN_OR_RETURN(DecodedHeader h, DecodedHeader::Decode((*reply)[0]));
-    try {
-      auto body = h.get().getBody();
-      if (body.which() == wire::Header::Body::ERROR) {
-        return StatusFromError(body.getError()).WithContext("the coordinator refused done");
-      }
-      if (body.which() == wire::Header::Body::EVALUATE_FINAL) {
-        if (evaluate != nullptr) *evaluate = true;
-      } else if (body.which() != wire::Header::Body::DONE_REPLY) {
-        return Internal("the coordinator answered done with another message type");
-      } else if (evaluate != nullptr) {
-        *evaluate = worker_id == 0;
-      }
-    } catch (const kj::Exception& e) {
-      return Internal(std::string("malformed answer to done: ") + e.getDescription().cStr());
-    }
-    return Status::Ok();
+    return reply.status().WithContext("the coordinator refused done");
   }
-  return Aborted("stopped while waiting for the other workers");
+  try {
+    auto body = reply->header.get().getBody();
+    if (body.which() == wire::Header::Body::EVALUATE_FINAL) {
+      if (evaluate != nullptr) *evaluate = true;
+    } else if (body.which() != wire::Header::Body::DONE_REPLY) {
+      return Internal("the coordinator answered done with another message type");
+    } else if (evaluate != nullptr) {
+      *evaluate = worker_id == 0;
+    }
+  } catch (const kj::Exception& e) {
+    return Internal(std::string("malformed answer to done: ") + e.getDescription().cStr());
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -157,7 +161,8 @@ namespace {
 // Leases from the coordinator, on the registration socket.
 class CoordinatorChunkSource final : public ChunkSource {
  public:
-  explicit CoordinatorChunkSource(ClientSocket* coordinator) : coordinator_(coordinator) {}
+  CoordinatorChunkSource(ClientSocket* coordinator, const HeartbeatSender* heartbeat)
+      : coordinator_(coordinator), heartbeat_(heartbeat) {}
   Result<Next> Lease(int worker, const Request& request) override {
     capnp::MallocMessageBuilder b;
     auto lease = NewHeader(b, ++request_id_, worker).getBody().initLease();
@@ -172,7 +177,11 @@ class CoordinatorChunkSource final : public ChunkSource {
     f.push_back(EncodeFrame(b));
     // A waiting request is answered when another worker's chunk comes back or the job is
     // done, which may take as long as a chunk takes.
-    PS_ASSIGN_OR_RETURN(CallReply reply, Call(*coordinator_, std::move(f), std::chrono::hours(24)));
+    CoordinatorCallOptions call;
+    call.timeout = std::chrono::hours(24);
+    call.heartbeat = heartbeat_;
+    PS_ASSIGN_OR_RETURN(CallReply reply,
+                        CallCoordinator(*coordinator_, std::move(f), request_id_, call));
     Next next;
     try {
       auto body = reply.header.get().getBody();
@@ -207,6 +216,7 @@ class CoordinatorChunkSource final : public ChunkSource {
 
  private:
   ClientSocket* coordinator_;
+  const HeartbeatSender* heartbeat_;
   uint64_t request_id_ = 1u << 20;
 };
 
@@ -632,9 +642,11 @@ Status TrainAsMember(const Registration& reg, KVClient& client, TrainableModel& 
 // After training: the barrier with the other workers, then the final evaluation when the
 // coordinator picks this worker for it.
 Status FinishJob(const Registration& reg, TrainingLoop& loop, ProgressSink& sink,
-                 const KVClient& client, const json& totals, const std::atomic<bool>& stop) {
+                 const KVClient& client, const json& totals, const std::atomic<bool>& stop,
+                 const HeartbeatSender* heartbeat) {
   bool evaluate = false;
-  PS_RETURN_IF_ERROR(SendDone(*reg.coordinator, reg.id, totals, Status::Ok(), stop, &evaluate));
+  PS_RETURN_IF_ERROR(
+      SendDone(*reg.coordinator, reg.id, totals, Status::Ok(), stop, heartbeat, &evaluate));
   if (evaluate) {
     PS_ASSIGN_OR_RETURN(json line, loop.Evaluate(reg.config.epochs, true));
     PS_RETURN_IF_ERROR(sink.Report(line));
@@ -663,9 +675,9 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
   PS_ASSIGN_OR_RETURN(std::unique_ptr<KVClient> client,
                       ConnectToServers(reg, options, transport, metrics ? &*metrics : nullptr));
   PS_RETURN_IF_ERROR(ResumeAtRestoredClock(reg, *client));
-  CoordinatorSink sink(reg.coordinator.get(), reg.id);
+  CoordinatorSink sink(reg.coordinator.get(), reg.id, heartbeat);
   if (metrics) sink.SetMetrics(&*metrics, client.get());
-  CoordinatorChunkSource chunks(reg.coordinator.get());
+  CoordinatorChunkSource chunks(reg.coordinator.get(), heartbeat);
   RedirectsTo redirects(heartbeat, client.get());
   TrainingLoopOptions lopt;
   lopt.worker_id = reg.id;
@@ -693,7 +705,7 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
   *done_sent = true;
   // Drained on SIGTERM: the coordinator knows; no barrier, no final evaluation here.
   if (loop.left_job()) return Status::Ok();
-  return FinishJob(reg, loop, sink, *client, *totals, stop);
+  return FinishJob(reg, loop, sink, *client, *totals, stop, heartbeat);
 }
 
 }  // namespace
@@ -724,8 +736,9 @@ Status RunWorker(const WorkerOptions& options, Transport* transport,
   hopt.id = reg.id;
   hopt.interval = std::chrono::milliseconds(
       std::max<int64_t>(1, static_cast<int64_t>(reg.config.heartbeat_timeout * 1000 / 4)));
-  hopt.coordinator_timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(reg.config.heartbeat_timeout * 3000));
+  // A dead coordinator may be restarted (server/coordinator.h): train on meanwhile.
+  hopt.coordinator_timeout = std::chrono::milliseconds(static_cast<int64_t>(
+      (reg.config.heartbeat_timeout * 3 + reg.config.coordinator_restart_timeout) * 1000));
   hopt.on_coordinator_lost = options.on_coordinator_lost;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<HeartbeatSender> heartbeat,
                       HeartbeatSender::Start(transport, hopt));
@@ -735,7 +748,7 @@ Status RunWorker(const WorkerOptions& options, Transport* transport,
       Train(reg, kernels.get(), options, transport, stop, &totals, &done_sent, heartbeat.get());
   if (!s.ok() && !done_sent) {
     // Tell the coordinator, so that the job ends instead of waiting for this worker.
-    Status told = SendDone(*reg.coordinator, reg.id, totals, s, stop);
+    Status told = SendDone(*reg.coordinator, reg.id, totals, s, stop, heartbeat.get());
     if (!told.ok()) LOG(WARNING) << "could not tell the coordinator: " << told.ToString();
   }
   return s;

@@ -458,15 +458,17 @@ TEST_F(CheckpointJobTest, SigtermStopsTheJobAtARecordedCheckpointSet) {
   for (int e = 1; e <= 4; ++e) EXPECT_EQ(per_epoch[e - 1], e < epoch ? 0 : 2000) << e;
 }
 
-// kill -9 of the coordinator: nobody will shut the others down, so each notices that its
-// heartbeats go unanswered (3 x --heartbeat_timeout) and stops as on SIGTERM: the server
-// writes its shard at its clock, the worker drains; both exit within a bound.
+// kill -9 of the coordinator, not restarted: nobody will shut the others down, so each
+// notices that its heartbeats go unanswered (3 x --heartbeat_timeout, plus
+// --coordinator_restart_timeout, 0 here) and stops as on SIGTERM: the server writes its
+// shard at its clock, the worker drains; both exit within a bound.
 TEST_F(CheckpointJobTest, AKilledCoordinatorStopsTheServerAndTheWorker) {
   const Deadline deadline = DeadlineIn(std::chrono::seconds(60));
   ASSERT_NO_FATAL_FAILURE(MakeSparseData(deadline));
   const std::string ckpt = dir_.Join("checkpoints");
   std::vector<std::string> job = SparseLrJob(ckpt, /*checkpoint_every=*/0);
   job.push_back("--heartbeat_timeout=1");
+  job.push_back("--coordinator_restart_timeout=0");
   std::vector<ChildProcess> procs;
   StartSparseJob(job, "2000", deadline, &procs);
   if (HasFatalFailure()) return;
