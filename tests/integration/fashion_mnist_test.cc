@@ -82,5 +82,34 @@ TEST(FashionMnistTest, AStragglerUnderAutoBatchLeasesAThirdAsMuch) {
   EXPECT_LE(summary.value("max_clock_lag_seen", 99), 2);
 }
 
+// A rate far too large: the job stops promptly as diverged, with the reason, the clock and
+// what to try in summary.json, instead of failing worker by worker or hanging.
+TEST(FashionMnistTest, ADivergingJobStopsAsDivergedWithWhatToTry) {
+  SKIP_WITHOUT_FASHION_MNIST();
+  itest::TempDir dir("ps_diverge_test_");
+  const std::string run_dir = dir.Join("run");
+  const auto start = std::chrono::steady_clock::now();
+  auto r = itest::RunLaunchLocal(
+      {itest::SourceDir() + "/configs/fashion_mnist_mlp.flags", "--servers", "1", "--workers", "2",
+       "--", "--epochs=3", "--base_lr=50", "--lr_policy=fixed"},
+      run_dir, dir.Join("launch.log"), kJobTimeout);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_NE(r->exit_status, 0) << "a diverged job is not a success\n" << r->logs;
+  EXPECT_TRUE(r->leftovers.empty()) << "still running after launch_local.sh exited:\n"
+                                    << itest::Describe(r->leftovers);
+  const json& summary = r->summary;
+  ASSERT_TRUE(summary.is_object()) << r->logs;
+  EXPECT_EQ(summary.value("status", ""), "diverged") << summary.dump();
+  ASSERT_TRUE(summary.contains("divergence")) << summary.dump();
+  const json& d = summary["divergence"];
+  EXPECT_FALSE(d.value("reason", "").empty()) << d.dump();
+  EXPECT_GE(d.value("clock", -1), 0) << d.dump();
+  ASSERT_TRUE(d["advice"].is_array() && !d["advice"].empty()) << d.dump();
+  EXPECT_EQ(d["advice"][0].get<std::string>().rfind("--base_lr=25", 0), 0u) << d.dump();
+  EXPECT_NE(r->logs.find("the model diverged"), std::string::npos) << r->logs;
+  // Three epochs take over ten seconds here; divergence shows in the first steps.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+}
+
 }  // namespace
 }  // namespace ps
