@@ -87,15 +87,8 @@ Status ServerCore::CreateTables(const StoreOptions& store) {
     tables_.push_back(std::move(table));
     table_staleness_.push_back(config_.StalenessOf(t));
   }
-  std::vector<RowRange> held;
-  std::vector<uint32_t> width;
-  std::vector<bool> dense;
-  for (const TableSpec& t : config_.table_specs) {
-    held.push_back(t.dense() ? shard_map_.DenseRangeOf(t.id, server_id_) : RowRange{});
-    width.push_back(t.width);
-    dense.push_back(t.dense());
-  }
-  softsync_ = std::make_unique<SoftSync>(config_.PushesPerUpdate(), held, width, dense);
+  softsync_ = std::make_unique<SoftSync>(config_.PushesPerUpdate(), config_.table_specs, shard_map_,
+                                         server_id_);
   return Status::Ok();
 }
 

@@ -24,6 +24,32 @@ SoftSync::SoftSync(int pushes_per_update, const std::vector<RowRange>& held,
   }
 }
 
+namespace {
+
+std::vector<RowRange> HeldRanges(const std::vector<TableSpec>& tables, const ShardMap& shards,
+                                 int server_id) {
+  std::vector<RowRange> held;
+  for (const TableSpec& t : tables) {
+    held.push_back(t.dense() ? shards.DenseRangeOf(t.id, server_id) : RowRange{});
+  }
+  return held;
+}
+
+template <typename T, typename Fn>
+std::vector<T> Each(const std::vector<TableSpec>& tables, Fn fn) {
+  std::vector<T> out;
+  for (const TableSpec& t : tables) out.push_back(fn(t));
+  return out;
+}
+
+}  // namespace
+
+SoftSync::SoftSync(int pushes_per_update, const std::vector<TableSpec>& tables,
+                   const ShardMap& shards, int server_id)
+    : SoftSync(pushes_per_update, HeldRanges(tables, shards, server_id),
+               Each<uint32_t>(tables, [](const TableSpec& t) { return t.width; }),
+               Each<bool>(tables, [](const TableSpec& t) { return t.dense(); })) {}
+
 void SoftSync::Add(uint32_t table, RowRange range, std::span<const float> grads, int64_t clock,
                    uint64_t staleness, bool last_chunk) {
   TableSum& s = sums_[table];

@@ -27,6 +27,7 @@
 #include <span>
 #include <vector>
 
+#include "common/job_config.h"
 #include "common/shard_map.h"
 
 namespace ps {
@@ -37,6 +38,9 @@ class SoftSync {
   // and `width[t]` its row width; ranges of sparse tables are ignored (`dense[t]` false).
   SoftSync(int pushes_per_update, const std::vector<RowRange>& held,
            const std::vector<uint32_t>& width, const std::vector<bool>& dense);
+  // The same for the dense tables of `tables` as server `server_id` of `shards` holds them.
+  SoftSync(int pushes_per_update, const std::vector<TableSpec>& tables, const ShardMap& shards,
+           int server_id);
 
   bool enabled() const { return per_update_ > 1; }
   // Whether table t's pushes are summed here.
