@@ -196,5 +196,42 @@ TEST(StalenessTest, ClocksAndGradientsOutOfRangeAreRefused) {
   EXPECT_EQ(core->stats().pushes_applied, 0u);
 }
 
+// --softsync=2: two pushes make one update of their mean; a pull between them sees neither.
+TEST(StalenessTest, SoftSyncAppliesTheMeanOfCPushesAsOneUpdate) {
+  auto core = MakeCore({{"staleness", "-1"}, {"softsync", "2"}});
+  ASSERT_TRUE(
+      ReplyStatus(
+          Send(*core, "w0", VersionedPush(1, 0, 0, 4, std::vector<float>(8, 1), 0, 0, 0))[0].frames)
+          .ok());
+  std::vector<Outgoing> pulled = Send(*core, "w1", RangePull(2, 0, 0, 4, 1, 0));
+  ASSERT_EQ(pulled.size(), 1u);
+  EXPECT_EQ(testing::ReplyFloats(pulled[0].frames), std::vector<float>(8, 0)) << "in the sum";
+  ASSERT_TRUE(
+      ReplyStatus(
+          Send(*core, "w1", VersionedPush(3, 0, 0, 4, std::vector<float>(8, 3), 1, 0, 0))[0].frames)
+          .ok());
+  pulled = Send(*core, "w1", RangePull(4, 0, 0, 4, 1, 0));
+  ASSERT_EQ(pulled.size(), 1u);
+  EXPECT_EQ(testing::ReplyFloats(pulled[0].frames), std::vector<float>(8, -2)) << "lr 1 x mean 2";
+  EXPECT_EQ(ReplyHeader(pulled[0].frames).get().getBody().getPullReply().getVersion(), 1u)
+      << "the version counts updates";
+  EXPECT_EQ(core->stats().pushes_applied, 2u);
+}
+
+// BSP with --softsync=2: worker 1 pushes nothing to table a in clock 0; its tick releases
+// worker 0's pull, which must see worker 0's own clock-0 push (a half share of one update).
+TEST(StalenessTest, SoftSyncAppliesASumBeforeAPullThatMustSeeIt) {
+  auto core = MakeCore({{"staleness", "0"}, {"softsync", "2"}});
+  ASSERT_TRUE(
+      ReplyStatus(
+          Send(*core, "w0", VersionedPush(1, 0, 0, 4, std::vector<float>(8, 1), 0, 0, 0))[0].frames)
+          .ok());
+  ASSERT_EQ(Send(*core, "w0", ClockTick(2, 0, 1)).size(), 1u);
+  EXPECT_TRUE(Send(*core, "w0", RangePull(3, 0, 0, 4, 0, 1)).empty()) << "BSP holds it";
+  std::vector<Outgoing> out = Send(*core, "w1", ClockTick(4, 1, 1));
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(testing::ReplyFloats(out[1].frames), std::vector<float>(8, -0.5f));
+}
+
 }  // namespace
 }  // namespace ps
