@@ -56,8 +56,9 @@ std::vector<std::string> DivergenceAdvice(const JobConfig& config) {
   advice.push_back("--base_lr=" + Num(config.base_lr / 2) + " (half of " + Num(config.base_lr) +
                    ")");
   if (config.warmup_iters == 0) {
-    // A tenth of the first epoch's updates: the steps where a fresh model is most fragile.
-    const int64_t iters = std::max<int64_t>(100, 60000 / std::max(1, config.batch_size) / 2);
+    // The first thirtieth of the schedule (half an epoch of the default job): the steps where
+    // a fresh model is most fragile.
+    const int64_t iters = std::max<int64_t>(100, config.max_iter / 30);
     advice.push_back("--warmup_iters=" + std::to_string(iters) +
                      " (ramp the rate up over the first updates)");
   }

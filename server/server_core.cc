@@ -419,32 +419,26 @@ Result<Frames> ServerCore::ApplyPush(wire::Header::Reader h, const CheckedPush& 
   // per clock, so it reads the same whatever W is.
   const int64_t iteration = push.getClock() * config_.num_workers;
   const float lr = static_cast<float>(lr_policy_.Rate(iteration, static_cast<int64_t>(staleness)));
-  if (softsync_->sums(push.getTableId()) && a.is_range) {
-    // --softsync: into the table's sum; applied as one update when due (server/softsync.h).
-    softsync_->Add(push.getTableId(), a.range, checked.grads, push.getClock(), staleness,
+  const uint32_t table_id = push.getTableId();
+  if (softsync_->sums(table_id) && a.is_range) {
+    // --softsync: into the table's sum, applied as one update when due (server/softsync.h),
+    // which then moves the version.
+    softsync_->Add(table_id, a.range, checked.grads, push.getClock(), staleness,
                    !push.getMoreChunks());
-    if (!push.getMoreChunks()) {
-      ++stats_.pushes_applied;
-      RecordStaleness(staleness);
-    }
-    stats_.bytes_pushed += checked.wire_bytes;
-    PS_RETURN_IF_ERROR(ApplySoftSyncIfDue(push.getTableId(), MinLiveClock()));
-    reply.setRowsApplied(a.rows);
-    reply.setLearningRate(lr);
-    out.push_back(EncodeFrame(b));
-    return out;
+    PS_RETURN_IF_ERROR(ApplySoftSyncIfDue(table_id, MinLiveClock()));
+  } else {
+    const size_t state_floats = a.table->stride() - width;
+    // An error here is the spill tier's (disk); rows before it are applied.
+    // Apply is const and keeps no scratch: safe on several threads for different rows.
+    PS_RETURN_IF_ERROR(ParallelForEachRow(a, /*for_write=*/true, [&](size_t i, float* row) {
+      optimizer_->Apply(std::span<float>(row, width), std::span<float>(row + width, state_floats),
+                        checked.grads.subspan(i * width, width), lr);
+    }));
+    if (!push.getMoreChunks()) ++shard_version_[table_id];
   }
-  const size_t state_floats = a.table->stride() - width;
-  // An error here is the spill tier's (disk); rows before it are applied.
-  // Apply is const and keeps no scratch: safe on several threads for different rows.
-  PS_RETURN_IF_ERROR(ParallelForEachRow(a, /*for_write=*/true, [&](size_t i, float* row) {
-    optimizer_->Apply(std::span<float>(row, width), std::span<float>(row + width, state_floats),
-                      checked.grads.subspan(i * width, width), lr);
-  }));
   // A chunk of a larger push (moreChunks) moves the version and the counts only with the
   // push's last chunk: staleness counts logical pushes, not chunks.
   if (!push.getMoreChunks()) {
-    ++shard_version_[push.getTableId()];
     ++stats_.pushes_applied;
     RecordStaleness(staleness);
   }
