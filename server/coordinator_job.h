@@ -51,6 +51,7 @@ class CoordinatorJob {
 
  private:
   // ---- the socket ----
+  // Ok when the peer has gone (logged); an error only when the transport is shutting down.
   Status Send(const std::string& peer, capnp::MallocMessageBuilder& b);
   void ReplyError(const std::string& peer, uint64_t request_id, const Status& error);
   std::optional<DecodedHeader> Decode(Incoming& in);
