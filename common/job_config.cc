@@ -167,6 +167,7 @@ const std::vector<Field>& Fields() {
             [](const JobConfig& c) {
               return c.auto_batch ? std::string("auto") : std::to_string(c.batch_size);
             }},
+      IntField("global_batch_size", &JobConfig::global_batch_size, 0, 1 << 24),
       IntField("chunk_examples", &JobConfig::chunk_examples, 1, 1 << 24),
       StringField("optimizer", &JobConfig::optimizer,
                   {"sgd", "momentum", "nesterov", "adagrad", "adam", "adamw"}),
@@ -420,8 +421,8 @@ Result<JobConfig> JobConfig::FromFlagMap(const std::map<std::string, std::string
     PS_ASSIGN_OR_RETURN(NetworkSpec net, ParseNetwork(c.network));
     c.table_specs = net.Tables();
   } else if (!c.network.empty()) {
-    return BadValue("network", c.network, "empty unless --model=network (the model is '" +
-                                              c.model + "')");
+    return BadValue("network", c.network,
+                    "empty unless --model=network (the model is '" + c.model + "')");
   }
   PS_ASSIGN_OR_RETURN(std::vector<TableSpec> extra, ParseTables(c.tables));
   for (TableSpec& t : extra) c.table_specs.push_back(std::move(t));
@@ -434,8 +435,31 @@ Result<JobConfig> JobConfig::FromFlagMap(const std::map<std::string, std::string
       }
     }
   }
+  if (c.global_batch_size > 0) {
+    const int asked = c.batch_size;
+    PS_RETURN_IF_ERROR(c.SetNumWorkers(c.num_workers));
+    // A --batch_size given beside it must agree: a value silently replaced would be a surprise.
+    if (flags.count("batch_size") && !c.auto_batch && asked != c.batch_size) {
+      return BadValue("batch_size", std::to_string(asked),
+                      "unset, or " + std::to_string(c.batch_size) + " (--global_batch_size=" +
+                          std::to_string(c.global_batch_size) + " over " +
+                          std::to_string(c.num_workers) + " workers): set one of the two");
+    }
+  }
   PS_RETURN_IF_ERROR(c.Validate());
   return c;
+}
+
+Status JobConfig::SetNumWorkers(int workers) {
+  num_workers = workers;
+  if (global_batch_size <= 0) return Status::Ok();
+  if (global_batch_size < workers) {
+    return BadValue(
+        "global_batch_size", std::to_string(global_batch_size),
+        "at least --num_workers=" + std::to_string(workers) + " (one example per worker per step)");
+  }
+  batch_size = global_batch_size / workers;
+  return Status::Ok();
 }
 
 Result<JobConfig> JobConfig::FromFlagfile(const std::string& path, const std::string& overrides) {
@@ -483,8 +507,8 @@ Status JobConfig::Validate() const {
   }
   if (group_size > 1 && model != "mlp" && model != "network") {
     return BadValue("group_size", std::to_string(group_size),
-                    "1 unless --model=mlp or network (groups all-reduce dense gradients; --model=" + model +
-                        " pulls different rows on every worker)");
+                    "1 unless --model=mlp or network (groups all-reduce dense gradients; --model=" +
+                        model + " pulls different rows on every worker)");
   }
   // Without a directory nothing would be written, and a later --restore=latest would find
   // nothing: refuse rather than train on without the checkpoints the user asked for.

@@ -79,6 +79,12 @@ struct JobConfig {
   // speeds tick their clocks at the same pace.
   int batch_size = 64;
   bool auto_batch = false;
+  // When > 0, the job's batch: every clock, the workers' batches together hold this many
+  // examples, each worker's --batch_size being global_batch_size / num_workers (rounded
+  // down; set by FromFlagMap, which refuses a --batch_size that says otherwise). With
+  // --softsync=0 every update is then one batch of this size whatever the worker count, and
+  // the schedule's iteration is the clock (ScheduleIteration). 0: --batch_size per worker.
+  int global_batch_size = 0;
   // Examples per data lease: workers lease chunks of each epoch from the coordinator.
   int chunk_examples = 2048;
 
@@ -88,6 +94,14 @@ struct JobConfig {
   int softsync = 1;
   // The pushes per update that `softsync` means for this job.
   int PushesPerUpdate() const { return softsync == 0 ? num_workers : softsync; }
+  // The lr schedule's iteration at a push of `clock`: minibatches of --batch_size across the
+  // job (clock x num_workers), or, with --global_batch_size, global batches (the clock).
+  int64_t ScheduleIteration(int64_t clock) const {
+    return global_batch_size > 0 ? clock : clock * num_workers;
+  }
+  // Sets num_workers and, with --global_batch_size, the batch per worker that follows.
+  // InvalidArgument when the global batch has fewer examples than there are workers.
+  Status SetNumWorkers(int workers);
 
   // ---- optimizer (applied on the servers) ----
   // sgd | momentum | nesterov | adagrad | adam | adamw
@@ -106,7 +120,8 @@ struct JobConfig {
   double base_lr = 0.1;
   // fixed | step | multistep | exp | inv | poly | cosine. The iteration counts minibatch
   // updates across the job: the pushing worker's clock times num_workers, so a schedule
-  // reads the same whatever the number of workers (an epoch is examples / batch_size).
+  // reads the same whatever the number of workers (an epoch is examples / batch_size);
+  // with --global_batch_size, global batches (an epoch is examples / global_batch_size).
   std::string lr_policy = "fixed";
   double gamma = 0.1;        // step, multistep, exp, inv
   int64_t stepsize = 1000;   // step: lr = base_lr * gamma ^ floor(iter / stepsize)

@@ -41,6 +41,10 @@ DEFINE_double(staleness_wait_seconds, kDefaults.staleness_wait_seconds,
 DEFINE_int32(epochs, kDefaults.epochs, "passes over the training data");
 DEFINE_string(batch_size, std::to_string(kDefaults.batch_size),
               "examples per worker step, or 'auto': each worker's batch follows its throughput");
+DEFINE_int32(
+    global_batch_size, kDefaults.global_batch_size,
+    "when > 0, the job's batch per clock: each worker's batch is this / --num_workers, and "
+    "the lr schedule counts global batches");
 DEFINE_int32(chunk_examples, kDefaults.chunk_examples, "examples per data lease");
 DEFINE_string(optimizer, kDefaults.optimizer, "sgd | momentum | nesterov | adagrad | adam | adamw");
 DEFINE_double(momentum, kDefaults.momentum, "momentum, nesterov: in [0, 1)");
@@ -134,14 +138,17 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "bad flagfile: " << f.message();
     return 2;
   }
+  // Only the settings the command line or a flagfile gave: the others keep JobConfig's
+  // defaults (the flags' own), and FromFlagMap can tell a --batch_size that was asked for
+  // from one that was not (--global_batch_size).
   std::map<std::string, std::string> flags;
   for (const std::string& name : ps::JobConfig::FlagNames()) {
-    std::string value;
-    if (!gflags::GetCommandLineOption(name.c_str(), &value)) {
+    gflags::CommandLineFlagInfo info;
+    if (!gflags::GetCommandLineFlagInfo(name.c_str(), &info)) {
       LOG(ERROR) << "internal: job setting --" << name << " has no flag";
       return 2;
     }
-    flags[name] = value;
+    if (!info.is_default) flags[name] = info.current_value;
   }
   ps::Result<ps::JobConfig> config = ps::JobConfig::FromFlagMap(flags);
   if (!config.ok()) {

@@ -102,7 +102,7 @@ Status ServerCore::ApplySoftSyncIfDue(uint32_t table_id, int64_t min_live_clock)
   a.rows = sum.held.size();
   const size_t width = a.table->width();
   const size_t state_floats = a.table->stride() - width;
-  const int64_t iteration = sum.newest_clock * config_.num_workers;
+  const int64_t iteration = config_.ScheduleIteration(sum.newest_clock);
   const float lr =
       static_cast<float>(lr_policy_.Rate(iteration, static_cast<int64_t>(sum.mean_staleness)));
   PS_RETURN_IF_ERROR(ParallelForEachRow(a, /*for_write=*/true, [&](size_t i, float* row) {
@@ -415,9 +415,9 @@ Result<Frames> ServerCore::ApplyPush(wire::Header::Reader h, const CheckedPush& 
     out.push_back(EncodeFrame(b));
     return out;
   }
-  // The schedule counts minibatch updates across the job: each of the W workers makes one
-  // per clock, so it reads the same whatever W is.
-  const int64_t iteration = push.getClock() * config_.num_workers;
+  // The schedule counts minibatch updates across the job (JobConfig::ScheduleIteration),
+  // so it reads the same whatever the number of workers.
+  const int64_t iteration = config_.ScheduleIteration(push.getClock());
   const float lr = static_cast<float>(lr_policy_.Rate(iteration, static_cast<int64_t>(staleness)));
   const uint32_t table_id = push.getTableId();
   if (softsync_->sums(table_id) && a.is_range) {

@@ -416,7 +416,7 @@ Status StandaloneRun::WriteSummary(const Status& outcome, json* summary_out) {
 Status RunStandalone(JobConfig config, const StandaloneOptions& options,
                      const std::atomic<bool>& stop, json* summary_out) {
   PS_RETURN_IF_ERROR(CheckStandaloneJob(config, options));
-  config.num_workers = 1;
+  PS_RETURN_IF_ERROR(config.SetNumWorkers(1));
   config.num_servers = 1;
   StandaloneRun run(std::move(config), options, stop);
   PS_RETURN_IF_ERROR(run.Open());

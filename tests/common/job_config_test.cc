@@ -35,6 +35,48 @@ TEST(JobConfigTest, RoundTripsThroughTheFlagMap) {
   EXPECT_FLOAT_EQ(b->table_specs[6].init_scale, 0.01f);
 }
 
+// --global_batch_size splits one batch across the workers, and the schedule then counts
+// global batches; the split survives the flag map the coordinator ships to every process.
+TEST(JobConfigTest, GlobalBatchIsSplitAcrossTheWorkers) {
+  Result<JobConfig> c =
+      JobConfig::FromFlagMap({{"global_batch_size", "512"}, {"num_workers", "32"}});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->batch_size, 16);
+  EXPECT_EQ(c->ScheduleIteration(100), 100);
+  Result<JobConfig> shipped = JobConfig::FromFlagMap(c->ToFlagMap());
+  ASSERT_TRUE(shipped.ok()) << shipped.status().ToString();
+  EXPECT_EQ(shipped->batch_size, 16);
+  ASSERT_TRUE(shipped->SetNumWorkers(1).ok());  // ps_worker --standalone
+  EXPECT_EQ(shipped->batch_size, 512);
+  // Rounded down: 3 workers of 170 examples.
+  Result<JobConfig> three =
+      JobConfig::FromFlagMap({{"global_batch_size", "512"}, {"num_workers", "3"}});
+  ASSERT_TRUE(three.ok());
+  EXPECT_EQ(three->batch_size, 170);
+  // Without it, --batch_size is per worker and the schedule counts worker minibatches.
+  Result<JobConfig> per_worker = JobConfig::FromFlagMap({{"num_workers", "8"}});
+  ASSERT_TRUE(per_worker.ok());
+  EXPECT_EQ(per_worker->batch_size, 64);
+  EXPECT_EQ(per_worker->ScheduleIteration(100), 800);
+}
+
+TEST(JobConfigTest, GlobalBatchRefusesAConflictingBatchAndTooFewExamples) {
+  Result<JobConfig> both = JobConfig::FromFlagMap(
+      {{"global_batch_size", "512"}, {"num_workers", "8"}, {"batch_size", "32"}});
+  ASSERT_FALSE(both.ok());
+  EXPECT_NE(both.status().message().find("--batch_size=32"), std::string::npos)
+      << both.status().message();
+  EXPECT_NE(both.status().message().find("64"), std::string::npos) << both.status().message();
+  Result<JobConfig> agreeing = JobConfig::FromFlagMap(
+      {{"global_batch_size", "512"}, {"num_workers", "8"}, {"batch_size", "64"}});
+  EXPECT_TRUE(agreeing.ok()) << agreeing.status().ToString();
+  Result<JobConfig> small =
+      JobConfig::FromFlagMap({{"global_batch_size", "4"}, {"num_workers", "8"}});
+  ASSERT_FALSE(small.ok());
+  EXPECT_NE(small.status().message().find("--global_batch_size=4"), std::string::npos)
+      << small.status().message();
+}
+
 // --checkpoint_every counts clocks, or seconds with an "s"; either survives the flag map
 // (the coordinator sends the job's settings to every process that way).
 TEST(JobConfigTest, CheckpointEveryTakesClocksOrSeconds) {
