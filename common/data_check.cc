@@ -46,6 +46,17 @@ std::string LibsvmHint(const std::string& path) {
          dir.string();
 }
 
+// What makes the CTR file `path` (scripts/make_sparse_data.sh --ctr writes data/ctr/).
+std::string CtrHint(const std::string& path) {
+  const fs::path dir = fs::path(path).lexically_normal().parent_path();
+  if (dir == "data/ctr") {
+    return "make the generated CTR set with " + std::string(kMakeSparseData) +
+           " --ctr (from the repository root)";
+  }
+  return "make a generated CTR set there with " + std::string(kMakeSparseData) + " --ctr --out " +
+         dir.string();
+}
+
 std::string IdxHint(const std::string& data_dir) {
   if (data_dir == JobConfig{}.data_dir) {
     return "Debian's dataset-fashion-mnist package installs it: scripts/install_deps.sh";
@@ -98,6 +109,14 @@ Status CheckJobData(const JobConfig& config) {
     if (!config.test_data.empty()) {
       PS_RETURN_IF_ERROR(
           CheckFile(config.test_data, "test_data", "LIBSVM file", LibsvmHint(config.test_data)));
+    }
+  }
+  if (config.model == "wide_deep") {
+    PS_RETURN_IF_ERROR(
+        CheckFile(config.train_data, "train_data", "CTR file", CtrHint(config.train_data)));
+    if (!config.test_data.empty()) {
+      PS_RETURN_IF_ERROR(
+          CheckFile(config.test_data, "test_data", "CTR file", CtrHint(config.test_data)));
     }
   }
   return Status::Ok();

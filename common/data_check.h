@@ -17,10 +17,12 @@ namespace ps {
 
 // OK when every data file of `config` is there and readable: for --model=mlp the IDX files
 // under data_dir (train- and t10k- images and labels, each NAME.gz or NAME); for
-// --model=sparse_lr the LIBSVM files train_data and, when set, test_data. --model=none reads
+// --model=sparse_lr the LIBSVM files train_data and, when set, test_data; for
+// --model=wide_deep the CTR files train_data and test_data likewise. --model=none reads
 // no data. Otherwise NotFound (or FailedPrecondition for a path that is a directory or not
 // readable) whose message names the path, the setting that names it and what makes the
 // data: `scripts/make_sparse_data.sh` for the generated sparse set (data/sparse_lr/),
+// `scripts/make_sparse_data.sh --ctr` for the generated CTR set (data/ctr/),
 // `scripts/install_deps.sh` (Debian's dataset-fashion-mnist) for the default data_dir.
 Status CheckJobData(const JobConfig& config);
 

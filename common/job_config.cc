@@ -144,7 +144,7 @@ Field StringField(const char* name, std::string JobConfig::*member,
 // code-shape: table (one entry per job setting)
 const std::vector<Field>& Fields() {
   static const std::vector<Field> fields = {
-      StringField("model", &JobConfig::model, {"mlp", "sparse_lr", "none", "network"}),
+      StringField("model", &JobConfig::model, {"mlp", "sparse_lr", "none", "network", "wide_deep"}),
       StringField("mlp_layers", &JobConfig::mlp_layers),
       StringField("network", &JobConfig::network),
       StringField("tables", &JobConfig::tables),
@@ -417,12 +417,18 @@ Result<JobConfig> JobConfig::FromFlagMap(const std::map<std::string, std::string
     }
     c.table_specs = MlpTables(layers);
   }
-  if (c.model == "network") {
+  if (c.model == "wide_deep" && c.train_data.empty()) {
+    return BadValue("train_data", "",
+                    "a CTR file (scripts/make_sparse_data.sh --ctr): --model=wide_deep needs "
+                    "training data");
+  }
+  if (c.model == "network" || c.model == "wide_deep") {
     PS_ASSIGN_OR_RETURN(NetworkSpec net, ParseNetwork(c.network));
+    PS_RETURN_IF_ERROR(CheckNetworkForModel(net, c.model));
     c.table_specs = net.Tables();
   } else if (!c.network.empty()) {
     return BadValue("network", c.network,
-                    "empty unless --model=network (the model is '" + c.model + "')");
+                    "empty unless --model=network or wide_deep (the model is '" + c.model + "')");
   }
   PS_ASSIGN_OR_RETURN(std::vector<TableSpec> extra, ParseTables(c.tables));
   for (TableSpec& t : extra) c.table_specs.push_back(std::move(t));

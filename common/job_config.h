@@ -37,6 +37,8 @@ struct JobConfig {
   // "mlp": a multilayer perceptron on IDX images, tables derived from mlp_layers.
   // "sparse_lr": logistic regression on LIBSVM data, a sparse table keyed by feature id.
   // "network": the layers of `network` on IDX images (common/network_config.h).
+  // "wide_deep": the layers of `network` with embedding, concat and wide on click-through
+  // data (worker/wide_deep.h): sparse tables `emb` and `wide.weight` keyed by id.
   // "none": only the tables of `tables` (for custom clients and tests).
   std::string model = "mlp";
   // Layer widths of the MLP, input first: ReLU between layers, softmax cross-entropy last.
@@ -138,8 +140,9 @@ struct JobConfig {
   double divergence_loss_ratio = 10;
   uint64_t seed = 1;                                           // initializers and data order
   std::string data_dir = "/usr/share/datasets/fashion-mnist";  // mlp: IDX files
-  std::string train_data;  // sparse_lr: LIBSVM training file (gzip or plain)
-  std::string test_data;   // sparse_lr: LIBSVM test file
+  // sparse_lr: LIBSVM training file (gzip or plain); wide_deep: CTR file (worker/ctr_data.h)
+  std::string train_data;
+  std::string test_data;  // sparse_lr, wide_deep: the test file, same format
   // sparse_lr: hash feature ids into 64 bits (xxHash), for ids from several sources.
   bool hash_features = false;
   // Bytes each server's rows (values + optimizer state) may take in memory; colder rows of

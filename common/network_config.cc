@@ -46,7 +46,7 @@ struct KindSyntax {
 
 const std::vector<KindSyntax>& Syntaxes() {
   static const std::vector<KindSyntax> table = {
-      {"input", {"SHAPE"}, {}, "input:CxHxW or input:N"},
+      {"input", {"SHAPE"}, {"fields"}, "input:CxHxW, input:N or input:N:fields=F"},
       {"conv2d",
        {"FILTERS", "KERNEL"},
        {"stride", "pad"},
@@ -56,6 +56,9 @@ const std::vector<KindSyntax>& Syntaxes() {
       {"dense", {"UNITS"}, {}, "dense:UNITS"},
       {"relu", {}, {}, "relu"},
       {"dropout", {"P"}, {}, "dropout:P"},
+      {"embedding", {"DIM"}, {}, "embedding:DIM"},
+      {"concat", {}, {}, "concat"},
+      {"wide", {}, {}, "wide"},
       {"softmax_ce", {}, {}, "softmax_ce"},
       {"sigmoid_ce", {}, {}, "sigmoid_ce"},
   };
@@ -262,6 +265,18 @@ Status ParseDropout(const Item& item, LayerSpec* l) {
   return Status::Ok();
 }
 
+// input:SHAPE[:fields=F]: categorical fields go with a flat input of dense features.
+Status ParseInput(const Item& item, NetworkSpec* net) {
+  PS_ASSIGN_OR_RETURN(net->input, ParseShape(item));
+  PS_ASSIGN_OR_RETURN(net->fields, item.OptionalInt("fields", 0, 0, 1 << 12));
+  if (net->fields > 0 && !net->input.flat()) {
+    return item.Error("fields = " + std::to_string(net->fields) + " with the input " +
+                      net->input.ToString() +
+                      ": expected a flat input of dense features (input:N)");
+  }
+  return Status::Ok();
+}
+
 Status ParseLoss(const Item& item, const ActShape& in, NetworkSpec* net) {
   const bool softmax = item.kind() == "softmax_ce";
   if (softmax && !(in.flat() && in.c >= 2)) {
@@ -274,6 +289,44 @@ Status ParseLoss(const Item& item, const ActShape& in, NetworkSpec* net) {
   }
   net->loss = softmax ? LossKind::kSoftmaxCe : LossKind::kSigmoidCe;
   net->classes = softmax ? in.c : 1;
+  return Status::Ok();
+}
+
+// The layers of --model=wide_deep that read the example's categorical ids: embedding (first
+// after an input with fields), concat (right after embedding) and wide (on one logit).
+Status ParseCtrLayer(const Item& item, const NetworkSpec& net, LayerSpec* l) {
+  const std::string& k = item.kind();
+  const LayerKind prev = net.layers.empty() ? LayerKind::kRelu : net.layers.back().kind;
+  if (net.fields == 0) {
+    return item.Error("needs categorical fields: expected an input like input:13:fields=26");
+  }
+  if (k == "embedding") {
+    l->kind = LayerKind::kEmbedding;
+    if (!net.layers.empty()) return item.Error("must come right after the input");
+    PS_ASSIGN_OR_RETURN(l->units, item.Int(0, 1, 4096));
+    l->out = ActShape{net.fields * l->units, 1, 1};
+    l->name = "emb";
+    // Small values: an embedding starts near zero and the MLP's first layer sees a sum over
+    // all fields.
+    l->tables = {Table("emb", 0, static_cast<uint32_t>(l->units), InitKind::kNormal, 0.05f)};
+    return Status::Ok();
+  }
+  if (k == "concat") {
+    l->kind = LayerKind::kConcat;
+    if (net.layers.empty() || prev != LayerKind::kEmbedding) {
+      return item.Error("must come right after embedding");
+    }
+    l->out = ActShape{static_cast<int>(l->in.size() + net.input.size()), 1, 1};
+    return Status::Ok();
+  }
+  l->kind = LayerKind::kWide;
+  if (l->in != ActShape{1, 1, 1}) {
+    return item.Error("the input " + l->in.ToString() +
+                      " is not one logit: expected dense:1 before wide");
+  }
+  l->name = "wide";
+  l->tables = {Table("wide.weight", 0, 1, InitKind::kZeros, 0),
+               Table("wide.bias", 1, 1, InitKind::kZeros, 0)};
   return Status::Ok();
 }
 
@@ -335,6 +388,12 @@ const char* LayerKindName(LayerKind kind) {
       return "relu";
     case LayerKind::kDropout:
       return "dropout";
+    case LayerKind::kEmbedding:
+      return "embedding";
+    case LayerKind::kConcat:
+      return "concat";
+    case LayerKind::kWide:
+      return "wide";
   }
   return "?";
 }
@@ -359,12 +418,16 @@ Result<NetworkSpec> ParseNetwork(const std::string& text) {
     PS_RETURN_IF_ERROR(item.Split());
     if (i == 0) {
       if (item.kind() != "input") return item.Error("the first layer must be input:CxHxW");
-      PS_ASSIGN_OR_RETURN(net.input, ParseShape(item));
+      PS_RETURN_IF_ERROR(ParseInput(item, &net));
       continue;
     }
     if (has_loss) return item.Error("comes after the loss: expected the loss to be last");
     const ActShape in = net.layers.empty() ? net.input : net.layers.back().out;
-    if (item.kind() == "softmax_ce" || item.kind() == "sigmoid_ce") {
+    const bool loss = item.kind() == "softmax_ce" || item.kind() == "sigmoid_ce";
+    if (!net.layers.empty() && net.layers.back().kind == LayerKind::kWide && !loss) {
+      return item.Error("comes after wide: expected sigmoid_ce right after wide");
+    }
+    if (loss) {
       PS_RETURN_IF_ERROR(ParseLoss(item, in, &net));
       has_loss = true;
       continue;
@@ -373,7 +436,12 @@ Result<NetworkSpec> ParseNetwork(const std::string& text) {
     l.index = static_cast<int>(i);
     l.text = item.text();
     l.in = in;
-    PS_RETURN_IF_ERROR(ParseLayer(item, &l, &counts));
+    const std::string& k = item.kind();
+    if (k == "embedding" || k == "concat" || k == "wide") {
+      PS_RETURN_IF_ERROR(ParseCtrLayer(item, net, &l));
+    } else {
+      PS_RETURN_IF_ERROR(ParseLayer(item, &l, &counts));
+    }
     if (Values(l.out) > kMaxActivation) {
       return item.Error("the output " + l.out.ToString() + " has more than " +
                         std::to_string(kMaxActivation) + " values per example");
@@ -385,6 +453,50 @@ Result<NetworkSpec> ParseNetwork(const std::string& text) {
                            ": expected softmax_ce or sigmoid_ce last");
   }
   return net;
+}
+
+Status CheckNetworkForModel(const NetworkSpec& net, const std::string& model) {
+  auto error = [](const LayerSpec& l, const std::string& what) {
+    return InvalidArgument("--network: layer " + std::to_string(l.index) + " (" +
+                           LayerKindName(l.kind) + " '" + l.text + "'): " + what);
+  };
+  const bool wide_deep = model == "wide_deep";
+  if (!wide_deep) {
+    if (net.fields > 0) {
+      return InvalidArgument(
+          "--network: layer 0 (input): fields=" + std::to_string(net.fields) +
+          " needs categorical data: expected --model=wide_deep, not --model=" + model);
+    }
+    for (const LayerSpec& l : net.layers) {
+      if (l.kind == LayerKind::kEmbedding || l.kind == LayerKind::kConcat ||
+          l.kind == LayerKind::kWide) {
+        return error(l, "reads categorical ids: expected --model=wide_deep, not --model=" + model);
+      }
+    }
+    return Status::Ok();
+  }
+  if (net.fields == 0) {
+    return InvalidArgument(
+        "--network: layer 0 (input): no categorical fields: --model=wide_deep expects "
+        "input:N:fields=F, e.g. input:13:fields=26");
+  }
+  if (net.layers.size() < 2 || net.layers[0].kind != LayerKind::kEmbedding ||
+      net.layers[1].kind != LayerKind::kConcat) {
+    return InvalidArgument(
+        "--network: --model=wide_deep expects embedding:DIM then concat right after the input");
+  }
+  if (net.loss != LossKind::kSigmoidCe) {
+    return InvalidArgument("--network: --model=wide_deep expects sigmoid_ce last (labels 0/1)");
+  }
+  for (size_t i = 2; i < net.layers.size(); ++i) {
+    const LayerSpec& l = net.layers[i];
+    const bool ok = l.kind == LayerKind::kDense || l.kind == LayerKind::kRelu ||
+                    l.kind == LayerKind::kDropout ||
+                    (l.kind == LayerKind::kWide && i + 1 == net.layers.size());
+    if (!ok)
+      return error(l, "--model=wide_deep runs dense, relu and dropout between concat and wide");
+  }
+  return Status::Ok();
 }
 
 }  // namespace ps

@@ -8,6 +8,14 @@
 // colons; optional fields are NAME=VALUE. Spaces around items are ignored.
 //
 //   input:CxHxW | input:N   first and only first: the shape of one example (N = Nx1x1)
+//   input:N:fields=F        --model=wide_deep: N dense features and F categorical fields
+//   embedding:DIM           right after an input with fields: each field's id looked up in
+//                           the sparse table `emb` (width DIM, keyed by id) -> F*DIM
+//   concat                  right after embedding: the F*DIM embeddings, then the N dense
+//                           features -> F*DIM + N
+//   wide                    right before sigmoid_ce, on one logit: adds the wide part, a
+//                           weight per id (sparse table wide.weight, width 1) summed over
+//                           the example's fields, plus wide.bias [1 x 1]
 //   conv2d:FILTERS:KERNEL[:stride=S][:pad=P]  square KERNEL x KERNEL filters over CxHxW;
 //                           tables convN.weight [FILTERS x C*K*K] and convN.bias [1 x FILTERS]
 //   maxpool:WINDOW[:stride=S][:pad=P]  max over WINDOW x WINDOW (stride defaults to WINDOW)
@@ -20,6 +28,9 @@
 //
 // N in the table names counts the layers of that kind from 0 (conv0, conv1, fc0, ...), so
 // "input:784,dense:256,relu,dense:128,relu,dense:10,softmax_ce" has the MLP's tables.
+// embedding, concat and wide need the example's ids, so --model=wide_deep runs them itself
+// (worker/wide_deep.h) and the layers between concat and wide as kernels-backed layers;
+// --model=network refuses them (CheckNetworkForModel).
 // Example (a small CNN for 28x28 grey images):
 //   input:1x28x28,conv2d:16:3:pad=1,relu,maxpool:2,conv2d:32:3:pad=1,relu,maxpool:2,
 //   flatten,dense:128,relu,dense:10,softmax_ce
@@ -34,7 +45,17 @@
 
 namespace ps {
 
-enum class LayerKind { kConv2d, kMaxPool, kFlatten, kDense, kRelu, kDropout };
+enum class LayerKind {
+  kConv2d,
+  kMaxPool,
+  kFlatten,
+  kDense,
+  kRelu,
+  kDropout,
+  kEmbedding,
+  kConcat,
+  kWide
+};
 enum class LossKind { kSoftmaxCe, kSigmoidCe };
 
 // The shape of one example's activations: channels x height x width, row-major (NCHW
@@ -56,7 +77,7 @@ struct LayerSpec {
   std::string text;  // the item as written, for messages
   std::string name;  // table prefix: "conv0", "fc1"; empty for layers without parameters
   ActShape in, out;
-  int units = 0;    // dense
+  int units = 0;    // dense; embedding: DIM
   int filters = 0;  // conv2d
   int kernel = 0;   // conv2d: filter size; maxpool: window
   int stride = 1;   // conv2d, maxpool
@@ -68,6 +89,7 @@ struct LayerSpec {
 
 struct NetworkSpec {
   ActShape input;
+  int fields = 0;                 // categorical fields per example (input's fields=F); 0 for images
   std::vector<LayerSpec> layers;  // between the input and the loss
   LossKind loss = LossKind::kSoftmaxCe;
   int classes = 0;  // softmax_ce: the input width; sigmoid_ce: 1 (labels 0 or 1)
@@ -81,5 +103,11 @@ struct NetworkSpec {
 Result<NetworkSpec> ParseNetwork(const std::string& text);
 
 const char* LayerKindName(LayerKind kind);
+
+// Whether `model` ("network" or "wide_deep") can run `net`: --model=network has no
+// categorical fields, embedding, concat or wide; --model=wide_deep has an input with fields,
+// then embedding and concat, ends with sigmoid_ce, and has only dense, relu and dropout
+// between concat and (optional) wide. InvalidArgument naming the layer otherwise.
+Status CheckNetworkForModel(const NetworkSpec& net, const std::string& model);
 
 }  // namespace ps

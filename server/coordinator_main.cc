@@ -18,13 +18,15 @@ const ps::JobConfig kDefaults;
 }
 
 // ---- job settings (see common/job_config.h for what each does) ----
-DEFINE_string(model, kDefaults.model, "mlp | sparse_lr | network | none");
-DEFINE_string(train_data, kDefaults.train_data, "sparse_lr: LIBSVM training file");
-DEFINE_string(test_data, kDefaults.test_data, "sparse_lr: LIBSVM test file");
+DEFINE_string(model, kDefaults.model, "mlp | sparse_lr | network | wide_deep | none");
+DEFINE_string(train_data, kDefaults.train_data,
+              "sparse_lr: LIBSVM training file; wide_deep: CTR file");
+DEFINE_string(test_data, kDefaults.test_data, "sparse_lr: LIBSVM test file; wide_deep: CTR file");
 DEFINE_bool(hash_features, kDefaults.hash_features, "sparse_lr: hash feature ids (xxHash)");
 DEFINE_string(mlp_layers, kDefaults.mlp_layers, "MLP layer widths, input first");
-DEFINE_string(network, kDefaults.network,
-              "--model=network: layers input:CxHxW,...,softmax_ce (common/network_config.h)");
+DEFINE_string(
+    network, kDefaults.network,
+    "--model=network or wide_deep: layers input:CxHxW,...,softmax_ce (common/network_config.h)");
 DEFINE_string(tables, kDefaults.tables,
               "extra tables: NAME:ROWS:WIDTH[:INIT[:SCALE]],... (ROWS a count or 'sparse')");
 DEFINE_int32(num_servers, kDefaults.num_servers, "servers in the job");

@@ -190,8 +190,13 @@ Result<std::unique_ptr<Layer>> MakeLayer(const LayerSpec& spec) {
       return std::unique_ptr<Layer>(new Conv2dLayer(spec));
     case LayerKind::kMaxPool:
       return std::unique_ptr<Layer>(new MaxPoolLayer(spec));
+    case LayerKind::kEmbedding:
+    case LayerKind::kConcat:
+    case LayerKind::kWide:
+      break;  // they read the example's ids: --model=wide_deep runs them (worker/wide_deep.h)
   }
-  return InvalidArgument(std::string("no layer implements kind ") + LayerKindName(spec.kind));
+  return InvalidArgument(std::string("no layer implements kind ") + LayerKindName(spec.kind) +
+                         " (it reads categorical ids: --model=wide_deep runs it)");
 }
 
 }  // namespace ps

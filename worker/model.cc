@@ -9,6 +9,7 @@
 #include "worker/libsvm_reader.h"
 #include "worker/network.h"
 #include "worker/sparse_lr.h"
+#include "worker/wide_deep.h"
 
 namespace ps {
 namespace {
@@ -249,7 +250,137 @@ class SparseLrModel final : public TrainableModel {
   std::vector<float> bias_ = std::vector<float>(1), bias_grad_ = std::vector<float>(1);
 };
 
+// ---- wide and deep: the batch's embedding rows and wide weights, the MLP whole ----
+
+class WideDeepModel final : public TrainableModel {
+ public:
+  // Table ids follow NetworkSpec::Tables(): emb, the MLP's tables, wide.weight, wide.bias.
+  WideDeepModel(std::unique_ptr<WideDeep> net, CtrDataset train, CtrDataset test)
+      : net_(std::move(net)), train_(std::move(train)), test_(std::move(test)) {
+    for (const size_t n : net_->mlp_sizes()) {
+      mlp_.emplace_back(n);
+      mlp_grads_.emplace_back(n);
+    }
+    wide_id_ = static_cast<uint32_t>(1 + mlp_.size());
+  }
+
+  int64_t train_examples() const override { return train_.count; }
+  int max_batch() const override { return net_->max_batch(); }
+
+  Status Pull(KVClient& client, std::span<const int64_t> examples, RequestInfo* info) override {
+    PS_ASSIGN_OR_RETURN(batch_, MakeCtrBatch(train_, examples));
+    return WaitAll(client, IssuePull(client, batch_, &emb_, &wide_), info);
+  }
+
+  Status Compute(std::span<const int64_t> examples, float grad_scale,
+                 BatchResult* result) override {
+    if (examples.size() != batch_.examples.size()) {
+      return Internal("Compute's examples differ from the last Pull's");
+    }
+    emb_grads_.resize(emb_.size());
+    wide_grads_.resize(wide_.size());
+    WideDeepGrads g{emb_grads_, wide_grads_, &wide_bias_grad_[0], {}};
+    for (auto& v : mlp_grads_) g.mlp.push_back(v.data());
+    PS_RETURN_IF_ERROR(net_->ForwardBackward(train_, batch_, Params(emb_, wide_), g, result));
+    if (grad_scale != 1.0f) {
+      for (auto* v : {&emb_grads_, &wide_grads_, &wide_bias_grad_}) {
+        for (float& x : *v) x *= grad_scale;
+      }
+      for (auto& v : mlp_grads_) {
+        for (float& x : v) x *= grad_scale;
+      }
+    }
+    return Status::Ok();
+  }
+
+  void Push(KVClient& client, std::vector<Ticket>* tickets) override {
+    KVClient::Corked batch(client);  // one message per server
+    tickets->push_back(client.Push(kEmb, batch_.keys, emb_grads_));
+    for (size_t i = 0; i < mlp_grads_.size(); ++i) {
+      const TableSpec& t = client.table(static_cast<uint32_t>(1 + i));
+      tickets->push_back(
+          client.PushRange(static_cast<uint32_t>(1 + i), RowRange{0, t.rows}, mlp_grads_[i]));
+    }
+    if (!net_->has_wide()) return;
+    tickets->push_back(client.Push(wide_id_, batch_.keys, wide_grads_));
+    tickets->push_back(client.PushRange(wide_id_ + 1, RowRange{0, 1}, wide_bias_grad_));
+  }
+
+  Result<json> Evaluate(KVClient& client) override {
+    // In slices, so that the pulled rows of a large test set stay bounded.
+    constexpr int64_t kSlice = 8192;
+    BatchResult r;
+    std::vector<float> scores, emb, wide;
+    std::vector<int64_t> ids;
+    for (int64_t begin = 0; begin < test_.count; begin += kSlice) {
+      ids.clear();
+      for (int64_t i = begin; i < std::min(test_.count, begin + kSlice); ++i) ids.push_back(i);
+      PS_ASSIGN_OR_RETURN(CtrBatch batch, MakeCtrBatch(test_, ids));
+      PS_RETURN_IF_ERROR(WaitAll(client, IssuePull(client, batch, &emb, &wide), nullptr));
+      PS_RETURN_IF_ERROR(net_->Evaluate(test_, batch, Params(emb, wide), &r, &scores));
+    }
+    json out = EvalJson(r);
+    out["test_auc"] = Auc(scores, test_.labels);
+    return out;
+  }
+
+ private:
+  static constexpr uint32_t kEmb = 0;
+
+  // Pulls the rows of batch's keys into *emb and *wide, and the MLP and wide bias whole.
+  std::vector<Ticket> IssuePull(KVClient& client, const CtrBatch& batch, std::vector<float>* emb,
+                                std::vector<float>* wide) {
+    emb->resize(batch.keys.size() * static_cast<size_t>(net_->dim()));
+    wide->resize(net_->has_wide() ? batch.keys.size() : 0);
+    std::vector<Ticket> tickets;
+    KVClient::Corked cork(client);  // one message per server
+    tickets.push_back(client.Pull(kEmb, batch.keys, *emb));
+    for (size_t i = 0; i < mlp_.size(); ++i) {
+      const TableSpec& t = client.table(static_cast<uint32_t>(1 + i));
+      tickets.push_back(
+          client.PullRange(static_cast<uint32_t>(1 + i), RowRange{0, t.rows}, mlp_[i]));
+    }
+    if (net_->has_wide()) {
+      tickets.push_back(client.Pull(wide_id_, batch.keys, *wide));
+      tickets.push_back(client.PullRange(wide_id_ + 1, RowRange{0, 1}, wide_bias_));
+    }
+    return tickets;
+  }
+
+  WideDeepParams Params(const std::vector<float>& emb, const std::vector<float>& wide) const {
+    WideDeepParams p{emb, wide, wide_bias_[0], {}};
+    for (const auto& v : mlp_) p.mlp.push_back(v.data());
+    return p;
+  }
+
+  std::unique_ptr<WideDeep> net_;
+  CtrDataset train_, test_;
+  uint32_t wide_id_ = 0;
+  CtrBatch batch_;
+  std::vector<float> emb_, wide_, emb_grads_, wide_grads_;
+  std::vector<std::vector<float>> mlp_, mlp_grads_;
+  std::vector<float> wide_bias_ = std::vector<float>(1), wide_bias_grad_ = std::vector<float>(1);
+};
+
 }  // namespace
+
+Result<std::unique_ptr<TrainableModel>> MakeWideDeepModel(const JobConfig& config, Kernels* kernels,
+                                                          int max_batch, CtrDataset train,
+                                                          CtrDataset test) {
+  if (config.model != "wide_deep") return InvalidArgument("the job's model is not wide_deep");
+  PS_ASSIGN_OR_RETURN(NetworkSpec spec, ParseNetwork(config.network));
+  const std::vector<TableSpec> tables = spec.Tables();
+  for (size_t i = 0; i < tables.size(); ++i) {
+    if (i >= config.table_specs.size() || config.table_specs[i].name != tables[i].name) {
+      return Internal("the job's table " + std::to_string(i) + " does not match --network's '" +
+                      tables[i].name + "'");
+    }
+  }
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<WideDeep> net,
+                      WideDeep::Create(spec, kernels, max_batch, config.seed));
+  return std::unique_ptr<TrainableModel>(
+      new WideDeepModel(std::move(net), std::move(train), std::move(test)));
+}
 
 Result<std::unique_ptr<TrainableModel>> MakeMlpModel(const JobConfig& config, Kernels* kernels,
                                                      int max_batch, ImageDataset train,
@@ -331,9 +462,21 @@ Result<std::unique_ptr<TrainableModel>> LoadModel(const JobConfig& config, Kerne
     return std::unique_ptr<TrainableModel>(
         new SparseLrModel(config, max_batch, std::move(train), std::move(test)));
   }
+  if (config.model == "wide_deep") {
+    PS_ASSIGN_OR_RETURN(NetworkSpec spec, ParseNetwork(config.network));
+    const int dense = static_cast<int>(spec.input.size());
+    LOG(INFO) << "loading " << config.train_data;
+    PS_ASSIGN_OR_RETURN(CtrDataset train, LoadCtr(config.train_data, dense, spec.fields));
+    CtrDataset test;
+    test.dense = dense;
+    test.fields = spec.fields;
+    if (!config.test_data.empty()) {
+      PS_ASSIGN_OR_RETURN(test, LoadCtr(config.test_data, dense, spec.fields));
+    }
+    return MakeWideDeepModel(config, kernels, max_batch, std::move(train), std::move(test));
+  }
   return InvalidArgument(
-      "ps_worker trains --model=mlp, --model=network or --model=sparse_lr; this job's model "
-      "is '" +
+      "ps_worker trains --model=mlp, network, sparse_lr or wide_deep; this job's model is '" +
       config.model + "'");
 }
 

@@ -9,6 +9,10 @@
 //   Sparse logistic regression (--model=sparse_lr): a sparse table `lr.weight` of width 1
 //     keyed by feature id, and a one-row `lr.bias`; each step pulls only the features its
 //     batch touches. LIBSVM data.
+//   Wide and deep (--model=wide_deep): the --network with embedding, concat and wide
+//     (worker/wide_deep.h): sparse tables `emb` and `wide.weight` keyed by id, of which each
+//     step pulls the batch's ids, and the MLP's dense tables, pulled whole. CTR data
+//     (worker/ctr_data.h).
 //
 // Thread model: used by one thread (the training loop's).
 #pragma once
@@ -22,6 +26,7 @@
 #include "common/job_config.h"
 #include "common/status.h"
 #include "kernels/kernels.h"
+#include "worker/ctr_data.h"
 #include "worker/idx_reader.h"
 #include "worker/kv_client.h"
 #include "worker/mlp.h"
@@ -77,6 +82,11 @@ Result<std::unique_ptr<TrainableModel>> MakeMlpModel(const JobConfig& config, Ke
 Result<std::unique_ptr<TrainableModel>> MakeNetworkModel(const JobConfig& config, Kernels* kernels,
                                                          int max_batch, ImageDataset train,
                                                          ImageDataset test);
+
+// The wide-and-deep model of config.network (--model=wide_deep) on these data sets.
+Result<std::unique_ptr<TrainableModel>> MakeWideDeepModel(const JobConfig& config, Kernels* kernels,
+                                                          int max_batch, CtrDataset train,
+                                                          CtrDataset test);
 
 // Loads the job's data (config.data_dir, or config.train_data / test_data) and builds its
 // model. max_batch bounds the batches the model will be asked to compute.

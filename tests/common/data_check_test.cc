@@ -83,6 +83,26 @@ TEST_F(DataCheckTest, AGeneratedSetElsewhereGetsTheCommandWithItsDirectory) {
   EXPECT_THAT(s.message(), ::testing::Not(HasSubstr("relative to")));
 }
 
+// --model=wide_deep's CTR files: the command that makes them is the --ctr generator.
+TEST_F(DataCheckTest, AMissingCtrSetNamesTheCtrCommand) {
+  JobConfig c = SparseLr("data/ctr/train.tsv", "data/ctr/test.tsv");
+  c.model = "wide_deep";
+  Status s = CheckJobData(c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("--train_data: CTR file data/ctr/train.tsv does not exist"));
+  EXPECT_THAT(s.message(),
+              HasSubstr("scripts/make_sparse_data.sh --ctr (from the repository root)"));
+  c.train_data = (dir_ / "gen" / "train.tsv").string();
+  s = CheckJobData(c);
+  EXPECT_THAT(s.message(),
+              HasSubstr("scripts/make_sparse_data.sh --ctr --out " + (dir_ / "gen").string()));
+  Touch("data/ctr/train.tsv");
+  Touch("data/ctr/test.tsv");
+  c.train_data = "data/ctr/train.tsv";
+  EXPECT_TRUE(CheckJobData(c).ok());
+}
+
 TEST_F(DataCheckTest, ADirectoryOrAnEmptyPathIsNoDataFile) {
   fs::create_directories("data/sparse_lr/train.svm");
   Status s = CheckJobData(SparseLr("data/sparse_lr/train.svm", ""));

@@ -179,5 +179,90 @@ TEST(NetworkConfigTest, TheJobConfigRefusesABadOrStrayNetwork) {
       << c.status().ToString();
 }
 
+// ---- --model=wide_deep: input fields, embedding, concat, wide ----
+
+constexpr char kWideDeep[] =
+    "input:13:fields=26,embedding:8,concat,dense:64,relu,dense:32,relu,dense:1,wide,sigmoid_ce";
+
+TEST(NetworkConfigTest, ParsesAWideAndDeepNetworkWithItsSparseTables) {
+  Result<NetworkSpec> r = ParseNetwork(kWideDeep);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->fields, 26);
+  EXPECT_EQ(r->input, (ActShape{13, 1, 1}));
+  EXPECT_EQ(r->layers[0].kind, LayerKind::kEmbedding);
+  EXPECT_EQ(r->layers[0].out, (ActShape{208, 1, 1}));
+  EXPECT_EQ(r->layers[1].out, (ActShape{221, 1, 1}));  // 26 x 8 embeddings + 13 features
+  EXPECT_EQ(r->layers[2].tables[0].rows, 221u);
+  const std::vector<TableSpec> t = r->Tables();
+  ASSERT_EQ(t.size(), 9u);
+  EXPECT_EQ(t[0].name, "emb");
+  EXPECT_FALSE(t[0].dense());
+  EXPECT_EQ(t[0].width, 8u);
+  EXPECT_EQ(t[7].name, "wide.weight");
+  EXPECT_FALSE(t[7].dense());
+  EXPECT_EQ(t[8].name, "wide.bias");
+  EXPECT_TRUE(CheckNetworkForModel(*r, "wide_deep").ok());
+  EXPECT_FALSE(CheckNetworkForModel(*r, "network").ok());
+}
+
+TEST(NetworkConfigTest, BadWideAndDeepLayersAreNamed) {
+  struct Case {
+    const char* text;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"input:13:fields=26,embeding:8,concat,dense:1,sigmoid_ce",
+       "layer 1 (embeding 'embeding:8'): unknown layer kind 'embeding'"},
+      {"input:13:fields=26,embedding,concat,dense:1,sigmoid_ce",
+       "layer 1 (embedding 'embedding'): missing field DIM"},
+      {"input:13,embedding:8,concat,dense:1,sigmoid_ce",
+       "layer 1 (embedding 'embedding:8'): needs categorical fields"},
+      {"input:13:fields=26,concat,dense:1,sigmoid_ce",
+       "layer 1 (concat 'concat'): must come right after embedding"},
+      {"input:13:fields=26,embedding:8,concat,dense:4,wide,sigmoid_ce",
+       "layer 4 (wide 'wide'): the input 4 is not one logit"},
+      {"input:13:fields=26,embedding:8,concat,dense:1,wide,relu,sigmoid_ce",
+       "layer 5 (relu 'relu'): comes after wide"},
+      {"input:1x13x1:fields=26,embedding:8,concat,dense:1,sigmoid_ce",
+       "layer 0 (input 'input:1x13x1:fields=26'): fields = 26 with the input 1x13x1"},
+      {"input:13:fields=26:dim=3,embedding:8,concat,dense:1,sigmoid_ce",
+       "layer 0 (input 'input:13:fields=26:dim=3'): unknown field 'dim'"},
+  };
+  for (const Case& c : cases) {
+    const std::string e = ErrorOf(c.text);
+    EXPECT_NE(e.find(c.message), std::string::npos) << c.text << "\n" << e;
+  }
+}
+
+TEST(NetworkConfigTest, TheJobConfigChecksTheNetworkAgainstTheModel) {
+  auto error = [](const std::string& model, const std::string& network) {
+    Result<JobConfig> c = JobConfig::FromFlagMap(
+        {{"model", model}, {"network", network}, {"train_data", "data/ctr/train.tsv"}});
+    EXPECT_FALSE(c.ok()) << model << " " << network;
+    return c.ok() ? "" : c.status().message();
+  };
+  Result<JobConfig> ok = JobConfig::FromFlagMap(
+      {{"model", "wide_deep"}, {"network", kWideDeep}, {"train_data", "data/ctr/train.tsv"}});
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_EQ(ok->table_specs.size(), 9u);
+  EXPECT_EQ(ok->table_specs[7].id, 7u);
+  std::string e = error("network", kWideDeep);
+  EXPECT_NE(e.find("fields=26 needs categorical data"), std::string::npos) << e;
+  e = error("wide_deep", "input:13,dense:1,sigmoid_ce");
+  EXPECT_NE(e.find("no categorical fields"), std::string::npos) << e;
+  e = error("wide_deep", "input:13:fields=2,embedding:4,concat,dense:2,softmax_ce");
+  EXPECT_NE(e.find("expects sigmoid_ce last"), std::string::npos) << e;
+  e = error("wide_deep", "input:4:fields=2,embedding:4,concat,flatten,dense:1,sigmoid_ce");
+  EXPECT_NE(e.find("layer 3 (flatten 'flatten'): --model=wide_deep runs dense, relu and dropout"),
+            std::string::npos)
+      << e;
+  Result<JobConfig> no_data =
+      JobConfig::FromFlagMap({{"model", "wide_deep"}, {"network", kWideDeep}});
+  ASSERT_FALSE(no_data.ok());
+  EXPECT_NE(no_data.status().message().find("--model=wide_deep needs training data"),
+            std::string::npos)
+      << no_data.status().ToString();
+}
+
 }  // namespace
 }  // namespace ps

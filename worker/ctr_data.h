@@ -1,0 +1,41 @@
+// Click-through data for --model=wide_deep, in the layout of the Criteo display-ads logs:
+// one example a line, tab-separated: the label (0 or 1), `dense` numeric features, then
+// `fields` categorical ids.
+//
+//   1\t0.31\t-1.2\t...\t17\t1042\t...
+//
+// The ids are unsigned 64-bit integers, one id space for every field: the generator
+// (scripts/make_sparse_data.sh --ctr) gives each field its own id range, so an id names one
+// value of one field and is the key of its rows in the sparse tables `emb` and
+// `wide.weight`. (Criteo's hex tokens would be hashed with their field to such ids first.)
+//
+// Thread safety: the functions share no state; call them from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ps {
+
+struct CtrDataset {
+  int dense = 0;   // numeric features per example
+  int fields = 0;  // categorical ids per example
+  int64_t count = 0;
+  std::vector<float> values;    // count x dense, row-major
+  std::vector<uint64_t> ids;    // count x fields, row-major
+  std::vector<int32_t> labels;  // count, 0 or 1
+
+  const float* values_of(int64_t e) const { return values.data() + e * dense; }
+  const uint64_t* ids_of(int64_t e) const { return ids.data() + e * fields; }
+};
+
+// Reads a CTR file (plain text) of examples with `dense` numeric features and `fields` ids.
+// NotFound for a missing file; InvalidArgument naming the file, line and column of a line
+// with the wrong number of columns, a label other than 0 or 1, a value that is not a finite
+// number or an id that is not an unsigned integer.
+Result<CtrDataset> LoadCtr(const std::string& path, int dense, int fields);
+
+}  // namespace ps
