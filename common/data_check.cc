@@ -99,26 +99,20 @@ Status CheckIdxDir(const std::string& data_dir) {
   return Status::Ok();
 }
 
+// --train_data and, when set, --test_data: files of `kind`, `hint(path)` saying what makes one.
+Status CheckTrainAndTest(const JobConfig& config, const char* kind,
+                         std::string (*hint)(const std::string&)) {
+  PS_RETURN_IF_ERROR(CheckFile(config.train_data, "train_data", kind, hint(config.train_data)));
+  if (config.test_data.empty()) return Status::Ok();
+  return CheckFile(config.test_data, "test_data", kind, hint(config.test_data));
+}
+
 }  // namespace
 
 Status CheckJobData(const JobConfig& config) {
   if (config.model == "mlp" || config.model == "network") return CheckIdxDir(config.data_dir);
-  if (config.model == "sparse_lr") {
-    PS_RETURN_IF_ERROR(
-        CheckFile(config.train_data, "train_data", "LIBSVM file", LibsvmHint(config.train_data)));
-    if (!config.test_data.empty()) {
-      PS_RETURN_IF_ERROR(
-          CheckFile(config.test_data, "test_data", "LIBSVM file", LibsvmHint(config.test_data)));
-    }
-  }
-  if (config.model == "wide_deep") {
-    PS_RETURN_IF_ERROR(
-        CheckFile(config.train_data, "train_data", "CTR file", CtrHint(config.train_data)));
-    if (!config.test_data.empty()) {
-      PS_RETURN_IF_ERROR(
-          CheckFile(config.test_data, "test_data", "CTR file", CtrHint(config.test_data)));
-    }
-  }
+  if (config.model == "sparse_lr") return CheckTrainAndTest(config, "LIBSVM file", LibsvmHint);
+  if (config.model == "wide_deep") return CheckTrainAndTest(config, "CTR file", CtrHint);
   return Status::Ok();
 }
 

@@ -325,4 +325,24 @@ inline std::string Describe(const std::vector<ProcessInfo>& ps) {
   return s.str();
 }
 
+// A launch the coordinator refused at start: it failed with `message` in its logs, left no
+// process, wrote no train line, and started no server or worker (no log of one in RUN_DIR).
+inline void ExpectRefusedBeforeAnythingStarted(const LaunchResult& r, const std::string& run_dir,
+                                               const std::string& what,
+                                               const std::string& message) {
+  EXPECT_NE(r.exit_status, 0) << what << "\n" << r.logs;
+  EXPECT_NE(r.logs.find(message), std::string::npos) << "expected '" << message << "' in\n"
+                                                     << r.logs;
+  EXPECT_TRUE(r.leftovers.empty()) << Describe(r.leftovers);
+  for (const json& line : r.metrics) {
+    EXPECT_NE(line.value("kind", ""), "train") << "a refused job trained: " << line.dump();
+  }
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(run_dir + "/logs", ec)) {
+    const std::string name = e.path().filename().string();
+    EXPECT_EQ(name.find("worker"), std::string::npos) << "a worker was started: " << name;
+    EXPECT_EQ(name.find("server"), std::string::npos) << "a server was started: " << name;
+  }
+}
+
 }  // namespace ps::itest

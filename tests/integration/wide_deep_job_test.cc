@@ -79,19 +79,7 @@ TEST(WideDeepJobTest, ABadLayerIsRefusedAtStartAndNothingTrains) {
     auto r = itest::RunLaunchLocal({Config(), "--", std::string("--network=") + c.network}, run_dir,
                                    dir.Join("launch.log"), std::chrono::seconds(60));
     ASSERT_TRUE(r.ok()) << r.status().ToString();
-    EXPECT_NE(r->exit_status, 0) << c.network << "\n" << r->logs;
-    EXPECT_NE(r->logs.find(c.message), std::string::npos) << "expected '" << c.message << "' in\n"
-                                                          << r->logs;
-    EXPECT_TRUE(r->leftovers.empty()) << itest::Describe(r->leftovers);
-    for (const json& line : r->metrics) {
-      EXPECT_NE(line.value("kind", ""), "train") << "a refused job trained: " << line.dump();
-    }
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(run_dir + "/logs", ec)) {
-      const std::string name = e.path().filename().string();
-      EXPECT_EQ(name.find("worker"), std::string::npos) << "a worker was started: " << name;
-      EXPECT_EQ(name.find("server"), std::string::npos) << "a server was started: " << name;
-    }
+    itest::ExpectRefusedBeforeAnythingStarted(*r, run_dir, c.network, c.message);
   }
 }
 
