@@ -8,6 +8,7 @@
 // server/coordinator_main.cc with `JobConfig{}.field` as its default.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -96,10 +97,13 @@ struct JobConfig {
   int softsync = 1;
   // The pushes per update that `softsync` means for this job.
   int PushesPerUpdate() const { return softsync == 0 ? num_workers : softsync; }
-  // The lr schedule's iteration at a push of `clock`: minibatches of --batch_size across the
-  // job (clock x num_workers), or, with --global_batch_size, global batches (the clock).
-  int64_t ScheduleIteration(int64_t clock) const {
-    return global_batch_size > 0 ? clock : clock * num_workers;
+  // The lr schedule's iteration once the workers' clocks add up to `worker_steps` (steps of
+  // --batch_size taken across the job): those minibatches, or, with --global_batch_size,
+  // the global batches they make (worker_steps / num_workers). Counting the whole job's
+  // steps, not one worker's clock, keeps the schedule on the job's pace under ASP, where a
+  // fast worker's clock runs hundreds of steps ahead of the others.
+  int64_t ScheduleIteration(int64_t worker_steps) const {
+    return global_batch_size > 0 ? worker_steps / std::max(num_workers, 1) : worker_steps;
   }
   // Sets num_workers and, with --global_batch_size, the batch per worker that follows.
   // InvalidArgument when the global batch has fewer examples than there are workers.

@@ -164,7 +164,7 @@ void CheckpointBook::RecordWholeSet(const std::vector<bool>& training) {
     if (training[w] && lease_clock_[w] < clock) return;
   }
   const int epoch = ResumeEpoch(clock);
-  const int64_t iteration = config_.ScheduleIteration(clock);
+  const int64_t iteration = config_.ScheduleIteration(clock * config_.num_workers);
   json entry = {{"clock", clock},
                 {"set", CheckpointSetDir(config_.checkpoint_dir, clock)},
                 {"epoch", epoch},

@@ -102,7 +102,7 @@ Status ServerCore::ApplySoftSyncIfDue(uint32_t table_id, int64_t min_live_clock)
   a.rows = sum.held.size();
   const size_t width = a.table->width();
   const size_t state_floats = a.table->stride() - width;
-  const int64_t iteration = config_.ScheduleIteration(sum.newest_clock);
+  const int64_t iteration = config_.ScheduleIteration(JobSteps());
   const float lr =
       static_cast<float>(lr_policy_.Rate(iteration, static_cast<int64_t>(sum.mean_staleness)));
   PS_RETURN_IF_ERROR(ParallelForEachRow(a, /*for_write=*/true, [&](size_t i, float* row) {
@@ -289,6 +289,14 @@ int64_t ServerCore::MinLiveClock(int* slowest) const {
   return min;
 }
 
+int64_t ServerCore::JobSteps() const {
+  // Every worker ticks every server, so each server's sum is the same; a worker that left
+  // keeps the steps it took.
+  int64_t steps = 0;
+  for (int64_t c : clocks_) steps += std::max<int64_t>(c, 0);
+  return steps;
+}
+
 void ServerCore::RecordStaleness(uint64_t staleness) {
   ++stats_.staleness_histogram[std::min<uint64_t>(staleness, kStalenessBuckets - 1)];
   stats_.staleness_sum += staleness;
@@ -415,9 +423,9 @@ Result<Frames> ServerCore::ApplyPush(wire::Header::Reader h, const CheckedPush& 
     out.push_back(EncodeFrame(b));
     return out;
   }
-  // The schedule counts minibatch updates across the job (JobConfig::ScheduleIteration),
-  // so it reads the same whatever the number of workers.
-  const int64_t iteration = config_.ScheduleIteration(push.getClock());
+  // The schedule counts the steps the whole job has taken (JobConfig::ScheduleIteration),
+  // so it reads the same whatever the number of workers and however far apart their clocks.
+  const int64_t iteration = config_.ScheduleIteration(JobSteps());
   const float lr = static_cast<float>(lr_policy_.Rate(iteration, static_cast<int64_t>(staleness)));
   const uint32_t table_id = push.getTableId();
   if (softsync_->sums(table_id) && a.is_range) {

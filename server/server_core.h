@@ -287,6 +287,8 @@ class ServerCore {
   static Status CheckClock(int64_t clock, const char* what);
   // The slowest live worker's clock (INT64_MAX when none is live) and who it is.
   int64_t MinLiveClock(int* slowest = nullptr) const;
+  // The steps the workers' clocks add up to: the job's progress, for the lr schedule.
+  int64_t JobSteps() const;
   void ReleaseHeldPulls(std::vector<Outgoing>* out);
   // --softsync (server/softsync.h): applies table t's sum of pushes when it is due.
   Status ApplySoftSyncIfDue(uint32_t table_id, int64_t min_live_clock);

@@ -62,7 +62,6 @@ void SoftSync::Add(uint32_t table, RowRange range, std::span<const float> grads,
   for (size_t r = 0; r < range.size(); ++r) ++s.counts[first + r];
   ++s.contributions;
   s.oldest_clock = std::min(s.oldest_clock, clock);
-  s.newest_clock = std::max(s.newest_clock, clock);
   if (last_chunk) {
     ++s.pushes;
     s.staleness_sum += staleness;
@@ -91,7 +90,6 @@ SoftSync::Pending SoftSync::TakeMean(uint32_t table) {
   p.held = s.held;
   p.mean = s.sum;
   p.counts = s.counts;
-  p.newest_clock = s.newest_clock;
   p.pushes = s.pushes;
   p.mean_staleness = s.pushes > 0 ? (s.staleness_sum + s.pushes / 2) / s.pushes : 0;
   return p;
@@ -104,7 +102,6 @@ void SoftSync::Clear(uint32_t table) {
   s.contributions = 0;
   s.pushes = 0;
   s.oldest_clock = INT64_MAX;
-  s.newest_clock = 0;
   s.staleness_sum = 0;
 }
 

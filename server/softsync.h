@@ -15,9 +15,9 @@
 // are (second rule); later ones wait in the sum, as they belong after C.
 //
 // Versions and staleness: a table's version counts updates (sums applied), so a gradient's
-// staleness is in updates. The lr of a sum is the schedule's at its newest push's clock,
-// divided per --staleness_lr by its pushes' mean staleness. Sparse tables are not summed:
-// their pushes touch different rows and are applied as they come.
+// staleness is in updates. The lr of a sum is the schedule's at the job's steps so far
+// (ServerCore::JobSteps), divided per --staleness_lr by its pushes' mean staleness. Sparse
+// tables are not summed: their pushes touch different rows and are applied as they come.
 //
 // Thread model: owned by one ServerCore, used on its request thread; Rows() may be read by
 // its apply threads inside a fork-join while nothing is added.
@@ -64,7 +64,6 @@ class SoftSync {
     RowRange held;
     std::span<float> mean;             // held.size() x width, meaningful where count > 0
     std::span<const uint32_t> counts;  // per held row
-    int64_t newest_clock = 0;          // for the lr schedule
     uint64_t mean_staleness = 0;       // rounded, for --staleness_lr
     uint64_t pushes = 0;               // complete pushes in it
   };
@@ -84,7 +83,6 @@ class SoftSync {
     uint64_t contributions = 0;    // chunks added
     uint64_t pushes = 0;           // complete pushes added
     int64_t oldest_clock = INT64_MAX;
-    int64_t newest_clock = 0;
     uint64_t staleness_sum = 0;
   };
   int per_update_;

@@ -42,7 +42,7 @@ TEST(JobConfigTest, GlobalBatchIsSplitAcrossTheWorkers) {
       JobConfig::FromFlagMap({{"global_batch_size", "512"}, {"num_workers", "32"}});
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->batch_size, 16);
-  EXPECT_EQ(c->ScheduleIteration(100), 100);
+  EXPECT_EQ(c->ScheduleIteration(3200), 100);  // 32 workers' steps: one global batch
   Result<JobConfig> shipped = JobConfig::FromFlagMap(c->ToFlagMap());
   ASSERT_TRUE(shipped.ok()) << shipped.status().ToString();
   EXPECT_EQ(shipped->batch_size, 16);
@@ -57,7 +57,7 @@ TEST(JobConfigTest, GlobalBatchIsSplitAcrossTheWorkers) {
   Result<JobConfig> per_worker = JobConfig::FromFlagMap({{"num_workers", "8"}});
   ASSERT_TRUE(per_worker.ok());
   EXPECT_EQ(per_worker->batch_size, 64);
-  EXPECT_EQ(per_worker->ScheduleIteration(100), 800);
+  EXPECT_EQ(per_worker->ScheduleIteration(800), 800);
 }
 
 TEST(JobConfigTest, GlobalBatchRefusesAConflictingBatchAndTooFewExamples) {

@@ -176,6 +176,36 @@ TEST(StalenessTest, StalenessAwareLearningRateDividesByStaleness) {
   EXPECT_FLOAT_EQ(core->ReadRow(0, 0).value()[0], -(0.5f + 0.5f + 0.25f + 0.5f / 3));
 }
 
+// The schedule follows the job's steps (the workers' clocks added up), not the pushing
+// worker's clock: under ASP a worker 90 clocks ahead of one at 10 is not 90% of the way
+// down a 200-step schedule while the job has taken 100 steps.
+TEST(StalenessTest, TheScheduleCountsTheJobsStepsNotTheFastWorkersClock) {
+  auto core = MakeCore({{"staleness", "-1"},
+                        {"lr_policy", "poly"},
+                        {"power", "1"},
+                        {"max_iter", "200"},
+                        {"base_lr", "1"}});
+  ASSERT_EQ(Send(*core, "w0", ClockTick(1, 0, 90)).size(), 1u);
+  ASSERT_EQ(Send(*core, "w1", ClockTick(2, 1, 10)).size(), 1u);
+  std::vector<float> g(8, 1.0f);
+  auto out = Send(*core, "w0", VersionedPush(3, 0, 0, 4, g, 0, 90, 0));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_DOUBLE_EQ(ReplyHeader(out[0].frames).get().getBody().getPushReply().getLearningRate(),
+                   1.0 - 100.0 / 200.0);
+  // With --global_batch_size the schedule counts global batches: 100 steps of 2 workers.
+  auto global = MakeCore({{"staleness", "-1"},
+                          {"lr_policy", "poly"},
+                          {"power", "1"},
+                          {"max_iter", "200"},
+                          {"global_batch_size", "128"}});
+  ASSERT_EQ(Send(*global, "w0", ClockTick(1, 0, 90)).size(), 1u);
+  ASSERT_EQ(Send(*global, "w1", ClockTick(2, 1, 10)).size(), 1u);
+  out = Send(*global, "w1", VersionedPush(3, 0, 0, 4, g, 1, 10, 0));
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_DOUBLE_EQ(ReplyHeader(out[0].frames).get().getBody().getPushReply().getLearningRate(),
+                   1.0 - 50.0 / 200.0);
+}
+
 // Found by fuzz_server_core: clock arithmetic must not overflow, and a finite but huge
 // gradient must not drive momentum or the weights to infinity.
 TEST(StalenessTest, ClocksAndGradientsOutOfRangeAreRefused) {
