@@ -180,30 +180,21 @@ TEST(StalenessTest, StalenessAwareLearningRateDividesByStaleness) {
 // worker's clock: under ASP a worker 90 clocks ahead of one at 10 is not 90% of the way
 // down a 200-step schedule while the job has taken 100 steps.
 TEST(StalenessTest, TheScheduleCountsTheJobsStepsNotTheFastWorkersClock) {
-  auto core = MakeCore({{"staleness", "-1"},
-                        {"lr_policy", "poly"},
-                        {"power", "1"},
-                        {"max_iter", "200"},
-                        {"base_lr", "1"}});
-  ASSERT_EQ(Send(*core, "w0", ClockTick(1, 0, 90)).size(), 1u);
-  ASSERT_EQ(Send(*core, "w1", ClockTick(2, 1, 10)).size(), 1u);
-  std::vector<float> g(8, 1.0f);
-  auto out = Send(*core, "w0", VersionedPush(3, 0, 0, 4, g, 0, 90, 0));
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_DOUBLE_EQ(ReplyHeader(out[0].frames).get().getBody().getPushReply().getLearningRate(),
-                   1.0 - 100.0 / 200.0);
+  // The rate of one push from `pusher` once worker 0 is at clock 90 and worker 1 at 10.
+  auto rate_at_90_and_10 = [](std::map<std::string, std::string> flags, int32_t pusher) {
+    flags.insert({{"staleness", "-1"}, {"lr_policy", "poly"}, {"power", "1"}, {"max_iter", "200"}});
+    auto core = MakeCore(flags);
+    EXPECT_EQ(Send(*core, "w0", ClockTick(1, 0, 90)).size(), 1u);
+    EXPECT_EQ(Send(*core, "w1", ClockTick(2, 1, 10)).size(), 1u);
+    auto out = Send(
+        *core, "w",
+        VersionedPush(3, 0, 0, 4, std::vector<float>(8, 1.0f), pusher, pusher == 0 ? 90 : 10, 0));
+    EXPECT_EQ(out.size(), 1u);
+    return ReplyHeader(out[0].frames).get().getBody().getPushReply().getLearningRate();
+  };
+  EXPECT_DOUBLE_EQ(rate_at_90_and_10({}, 0), 1.0 - 100.0 / 200.0);
   // With --global_batch_size the schedule counts global batches: 100 steps of 2 workers.
-  auto global = MakeCore({{"staleness", "-1"},
-                          {"lr_policy", "poly"},
-                          {"power", "1"},
-                          {"max_iter", "200"},
-                          {"global_batch_size", "128"}});
-  ASSERT_EQ(Send(*global, "w0", ClockTick(1, 0, 90)).size(), 1u);
-  ASSERT_EQ(Send(*global, "w1", ClockTick(2, 1, 10)).size(), 1u);
-  out = Send(*global, "w1", VersionedPush(3, 0, 0, 4, g, 1, 10, 0));
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_DOUBLE_EQ(ReplyHeader(out[0].frames).get().getBody().getPushReply().getLearningRate(),
-                   1.0 - 50.0 / 200.0);
+  EXPECT_DOUBLE_EQ(rate_at_90_and_10({{"global_batch_size", "128"}}, 1), 1.0 - 50.0 / 200.0);
 }
 
 // Found by fuzz_server_core: clock arithmetic must not overflow, and a finite but huge
