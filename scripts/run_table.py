@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
 """Prints one table row per run directory, from summary.json and metrics.jsonl.
 
-    scripts/run_table.py [--target 0.85] RUN_DIR [RUN_DIR ...]
+    scripts/run_table.py [--target 0.85] [--scaling] RUN_DIR [RUN_DIR ...]
 
 Columns: the run's staleness bound, wall time, examples/s, time until the first
 evaluation at or above the target test accuracy, final test accuracy, the workers' total
 time blocked by the staleness bound, the largest clock lag and gradient staleness seen.
+
+--scaling (scripts/scaling_sweep.sh) prints one row per worker count and staleness bound
+instead, over the runs (seeds) that share them: each run's test accuracy and their mean,
+the mean examples/s and time to the target, the largest and mean gradient staleness, and
+how the runs ended (summary.json status: ok, diverged, failed).
 """
 import argparse
 import json
@@ -35,14 +40,60 @@ def row(run_dir, target):
         "wait_s": s.get("wait_seconds", 0.0),
         "max_lag": s.get("max_clock_lag_seen"),
         "max_stale": s.get("max_staleness_seen"),
+        "mean_stale": s.get("mean_staleness", 0.0),
+        # The job's worker count (summary "workers" lists each worker's own figures).
+        "workers": int(s.get("config", {}).get("num_workers", len(s.get("workers", [])))),
+        "status": s.get("status"),
     }
+
+
+def consistency(staleness):
+    if staleness is None:
+        return "?"
+    return {0: "BSP", -1: "ASP"}.get(int(staleness), f"SSP {staleness}")
+
+
+def mean(values):
+    return sum(values) / len(values) if values else None
+
+
+def print_scaling(rows, target):
+    """One line per (workers, staleness) group, in the order the groups first appear."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["workers"], r["staleness"]), []).append(r)
+    print(f"| workers | consistency | test acc (each run) | mean acc | examples/s | s to {target} "
+          "| max / mean staleness | runs ended |")
+    print("| ---: | --- | --- | ---: | ---: | ---: | --- | --- |")
+    for (workers, staleness), g in groups.items():
+        accs = " / ".join(f"{r['test_acc']:.4f}" for r in g)
+        reached = [r["to_target_s"] for r in g if r["to_target_s"] is not None]
+        to_target = f"{mean(reached):.1f}" if len(reached) == len(g) else f"{len(reached)}/{len(g)} runs"
+        ended = sorted({r["status"] for r in g})
+        print(f"| {workers} | {consistency(staleness)} | {accs} | {mean([r['test_acc'] for r in g]):.4f} "
+              f"| {mean([r['ex_per_s'] for r in g]):,.0f} | {to_target} "
+              f"| {max(r['max_stale'] or 0 for r in g)} / {mean([r['mean_stale'] for r in g]):.2f} "
+              f"| {', '.join(ended)} |")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", type=float, default=0.85)
+    p.add_argument("--scaling", action="store_true", help="one row per worker count and staleness bound")
     p.add_argument("runs", nargs="+")
     a = p.parse_args()
+    if a.scaling:
+        rows = []
+        for d in a.runs:
+            try:
+                rows.append(row(d, a.target))
+            except (OSError, ValueError, KeyError) as e:
+                # A run that never wrote its summary (killed launcher) is named, not skipped.
+                print(f"run_table.py: {d}: {e}", file=sys.stderr)
+        if not rows:
+            return 1
+        print_scaling(rows, a.target)
+        return 0
     print(f"| run | staleness | wall s | examples/s | s to {a.target} | test acc | wait s | max lag | max staleness |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for d in a.runs:

@@ -292,8 +292,10 @@ class ServerCore {
   void ReleaseHeldPulls(std::vector<Outgoing>* out);
   // --softsync (server/softsync.h): applies table t's sum of pushes when it is due.
   Status ApplySoftSyncIfDue(uint32_t table_id, int64_t min_live_clock);
-  // Every table's, after a change of the clock table.
-  void ApplyDueSoftSyncs();
+  // Every table's, after a change of the clock table. `asynchronous_now`: also every ASP
+  // table's sum whatever it holds (before a checkpoint, which must hold every acknowledged
+  // push; under SSP and BSP the clock rule already applied the pushes below its clock).
+  void ApplyDueSoftSyncs(bool asynchronous_now = false);
   void RecordStaleness(uint64_t staleness);
 
   JobConfig config_;

@@ -33,6 +33,7 @@ int64_t ServerCore::CheckpointClock() const {
 
 Status ServerCore::WriteCheckpointTo(const std::string& dir, int64_t clock) {
   if (dir.empty()) return FailedPrecondition("no --checkpoint_dir");
+  ApplyDueSoftSyncs(/*asynchronous_now=*/true);
   PS_ASSIGN_OR_RETURN(CheckpointWriter w, CheckpointWriter::Start(dir, clock, server_id_));
   PS_RETURN_IF_ERROR(w.Put(clock));
   PS_RETURN_IF_ERROR(w.Put(static_cast<uint32_t>(server_id_)));

@@ -9,10 +9,13 @@
 // slowest live worker's clock passes the clock of a push in it. The second rule keeps the
 // consistency model: a pull at clock t is served once the slowest clock reaches t - S, and
 // must then see every push from clocks below that, so those pushes cannot wait in the sum.
+// Under ASP no pull waits, so ServerCore skips the second rule for ASP tables: their sums
+// wait for c pushes (or for no worker to be live), and are applied before a checkpoint.
 // Both rules read only pushes and clock-table changes (ticks, leaves, evictions), which
 // replication forwards in order, so a backup's shadow applies the same sums at the same
 // points. A checkpoint at clock C holds what was applied: pushes of clocks below C always
-// are (second rule); later ones wait in the sum, as they belong after C.
+// are (second rule; under ASP, everything is applied first); later ones wait in the sum,
+// as they belong after C.
 //
 // Versions and staleness: a table's version counts updates (sums applied), so a gradient's
 // staleness is in updates. The lr of a sum is the schedule's at the job's steps so far

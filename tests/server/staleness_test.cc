@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <cmath>
+#include <filesystem>
 
 #include "server/server_core.h"
 #include "tests/server/test_messages.h"
@@ -252,6 +254,51 @@ TEST(StalenessTest, SoftSyncAppliesASumBeforeAPullThatMustSeeIt) {
   std::vector<Outgoing> out = Send(*core, "w1", ClockTick(4, 1, 1));
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(testing::ReplyFloats(out[1].frames), std::vector<float>(8, -0.5f));
+}
+
+// Worker 1's clock-0 push waits in a --softsync=2 sum, then both workers tick past clock 0.
+// Returns table a's row 0 as worker 0 pulls it at clock 1.
+float RowAfterTheSlowestWorkerPassesASum(ServerCore& core) {
+  EXPECT_TRUE(
+      ReplyStatus(
+          Send(core, "w1", VersionedPush(1, 0, 0, 4, std::vector<float>(8, 1), 1, 0, 0))[0].frames)
+          .ok());
+  EXPECT_EQ(Send(core, "w0", ClockTick(2, 0, 1)).size(), 1u);
+  EXPECT_EQ(Send(core, "w1", ClockTick(3, 1, 1)).size(), 1u);
+  std::vector<Outgoing> pulled = Send(core, "w0", RangePull(4, 0, 0, 4, 0, 1));
+  EXPECT_EQ(pulled.size(), 1u);
+  return pulled.empty() ? NAN : testing::ReplyFloats(pulled[0].frames)[0];
+}
+
+// SSP: a pull at clock 1 must see every push of clock 0, so the slowest worker's tick applies
+// the sum early, as its share (1/2) of one update. ASP: no pull waits on clocks, so the sum
+// waits for its second push and the update is the mean of two.
+TEST(StalenessTest, UnderAspASoftSyncSumWaitsForItsCPushesNotForTheSlowestClock) {
+  auto ssp = MakeCore({{"staleness", "2"}, {"softsync", "2"}});
+  EXPECT_EQ(RowAfterTheSlowestWorkerPassesASum(*ssp), -0.5f);
+  auto asp = MakeCore({{"staleness", "-1"}, {"softsync", "2"}});
+  EXPECT_EQ(RowAfterTheSlowestWorkerPassesASum(*asp), 0.0f) << "still in the sum";
+  ASSERT_TRUE(
+      ReplyStatus(
+          Send(*asp, "w0", VersionedPush(5, 0, 0, 4, std::vector<float>(8, 3), 0, 1, 0))[0].frames)
+          .ok());
+  EXPECT_EQ(asp->ReadRow(0, 0).value()[0], -2.0f) << "lr 1 x mean 2";
+}
+
+// A checkpoint holds every acknowledged push: under ASP what waits in a sum is applied first.
+TEST(StalenessTest, AnAspSoftSyncSumIsAppliedBeforeACheckpoint) {
+  const std::string dir = ::testing::TempDir() + "/asp_softsync_checkpoint";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto core = MakeCore({{"staleness", "-1"}, {"softsync", "2"}});
+  ASSERT_TRUE(
+      ReplyStatus(
+          Send(*core, "w0", VersionedPush(1, 0, 0, 4, std::vector<float>(8, 1), 0, 0, 0))[0].frames)
+          .ok());
+  EXPECT_EQ(core->ReadRow(0, 0).value()[0], 0.0f);
+  ASSERT_TRUE(core->WriteCheckpointTo(dir, 0).ok());
+  EXPECT_EQ(core->ReadRow(0, 0).value()[0], -0.5f) << "its share of one update";
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
