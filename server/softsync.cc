@@ -8,15 +8,18 @@
 namespace ps {
 
 SoftSync::SoftSync(int pushes_per_update, const std::vector<RowRange>& held,
-                   const std::vector<uint32_t>& width, const std::vector<bool>& dense)
+                   const std::vector<uint32_t>& width, const std::vector<bool>& dense,
+                   const std::vector<int>& staleness)
     : per_update_(pushes_per_update), sums_(held.size()) {
   CHECK_EQ(held.size(), width.size());
   CHECK_EQ(held.size(), dense.size());
+  CHECK(staleness.empty() || staleness.size() == held.size());
   if (!enabled()) return;
   for (size_t t = 0; t < held.size(); ++t) {
     if (!dense[t] || held[t].size() == 0) continue;
     TableSum& s = sums_[t];
     s.on = true;
+    s.clock_rule = staleness.empty() || staleness[t] >= 0;
     s.held = held[t];
     s.width = width[t];
     s.sum.assign(held[t].size() * width[t], 0.0f);
@@ -45,10 +48,10 @@ std::vector<T> Each(const std::vector<TableSpec>& tables, Fn fn) {
 }  // namespace
 
 SoftSync::SoftSync(int pushes_per_update, const std::vector<TableSpec>& tables,
-                   const ShardMap& shards, int server_id)
+                   const ShardMap& shards, int server_id, const std::vector<int>& staleness)
     : SoftSync(pushes_per_update, HeldRanges(tables, shards, server_id),
                Each<uint32_t>(tables, [](const TableSpec& t) { return t.width; }),
-               Each<bool>(tables, [](const TableSpec& t) { return t.dense(); })) {}
+               Each<bool>(tables, [](const TableSpec& t) { return t.dense(); }), staleness) {}
 
 void SoftSync::Add(uint32_t table, RowRange range, std::span<const float> grads, int64_t clock,
                    uint64_t staleness, bool last_chunk) {
@@ -71,7 +74,8 @@ void SoftSync::Add(uint32_t table, RowRange range, std::span<const float> grads,
 bool SoftSync::Due(uint32_t table, int64_t min_live_clock) const {
   const TableSum& s = sums_[table];
   if (!s.on || s.contributions == 0) return false;
-  return s.pushes >= static_cast<uint64_t>(per_update_) || s.oldest_clock < min_live_clock;
+  return s.pushes >= static_cast<uint64_t>(per_update_) || min_live_clock == INT64_MAX ||
+         (s.clock_rule && s.oldest_clock < min_live_clock);
 }
 
 SoftSync::Pending SoftSync::TakeMean(uint32_t table) {

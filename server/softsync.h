@@ -9,8 +9,8 @@
 // slowest live worker's clock passes the clock of a push in it. The second rule keeps the
 // consistency model: a pull at clock t is served once the slowest clock reaches t - S, and
 // must then see every push from clocks below that, so those pushes cannot wait in the sum.
-// Under ASP no pull waits, so ServerCore skips the second rule for ASP tables: their sums
-// wait for c pushes (or for no worker to be live), and are applied before a checkpoint.
+// Under ASP no pull waits, so an ASP table (bound < 0) has no second rule: its sum waits for
+// c pushes (or for no worker to be live), and ServerCore applies it before a checkpoint.
 // Both rules read only pushes and clock-table changes (ticks, leaves, evictions), which
 // replication forwards in order, so a backup's shadow applies the same sums at the same
 // points. A checkpoint at clock C holds what was applied: pushes of clocks below C always
@@ -39,15 +39,20 @@ class SoftSync {
  public:
   // `pushes_per_update` is c (<= 1: off). `held[t]` is this server's row range of table t
   // and `width[t]` its row width; ranges of sparse tables are ignored (`dense[t]` false).
+  // `staleness[t]` is table t's staleness bound (-1: ASP, no clock rule); empty: all SSP.
   SoftSync(int pushes_per_update, const std::vector<RowRange>& held,
-           const std::vector<uint32_t>& width, const std::vector<bool>& dense);
+           const std::vector<uint32_t>& width, const std::vector<bool>& dense,
+           const std::vector<int>& staleness = {});
   // The same for the dense tables of `tables` as server `server_id` of `shards` holds them.
   SoftSync(int pushes_per_update, const std::vector<TableSpec>& tables, const ShardMap& shards,
-           int server_id);
+           int server_id, const std::vector<int>& staleness);
 
   bool enabled() const { return per_update_ > 1; }
   // Whether table t's pushes are summed here.
   bool sums(uint32_t table) const { return enabled() && table < sums_.size() && sums_[table].on; }
+  // Whether table t's sum is applied when the slowest live clock passes a push in it (SSP and
+  // BSP tables; not ASP ones).
+  bool clock_rule(uint32_t table) const { return sums_[table].clock_rule; }
 
   // Adds one push's (or one chunk's) gradient for rows [range.begin, range.end) of table t.
   // `last_chunk`: the push is complete (it counts towards c). REQUIRES: sums(t), and the
@@ -55,8 +60,9 @@ class SoftSync {
   void Add(uint32_t table, RowRange range, std::span<const float> grads, int64_t clock,
            uint64_t staleness, bool last_chunk);
 
-  // Whether table t's sum must be applied now: c complete pushes, or a push of a clock below
-  // `min_live_clock` (INT64_MAX when no worker is live: everything).
+  // Whether table t's sum must be applied now: c complete pushes, a push of a clock below
+  // `min_live_clock` (the clock rule), or anything when `min_live_clock` is INT64_MAX (no
+  // worker is live).
   bool Due(uint32_t table, int64_t min_live_clock) const;
   size_t tables() const { return sums_.size(); }
 
@@ -79,6 +85,7 @@ class SoftSync {
  private:
   struct TableSum {
     bool on = false;
+    bool clock_rule = true;
     RowRange held;
     uint32_t width = 0;
     std::vector<float> sum;        // held rows x width

@@ -45,6 +45,15 @@ TEST(SoftSyncTest, APushOfAClockTheSlowestWorkerPassedIsDueAndWeighsItsShare) {
       << "one push of four: a quarter of a global batch's step";
 }
 
+// An ASP table (bound -1) has no clock rule: only c pushes, or no live worker, apply it.
+TEST(SoftSyncTest, AnAspTablesSumIgnoresTheSlowestClock) {
+  SoftSync s(4, {RowRange{0, 2}, RowRange{}}, {2, 1}, {true, false}, /*staleness=*/{-1, -1});
+  EXPECT_FALSE(s.clock_rule(0));
+  s.Add(0, RowRange{0, 2}, std::vector<float>{4, 8, 12, 16}, /*clock=*/3, 0, true);
+  EXPECT_FALSE(s.Due(0, 4)) << "the slowest clock passed it; ASP needs no flush";
+  EXPECT_TRUE(s.Due(0, INT64_MAX)) << "no live worker: apply what is there";
+}
+
 TEST(SoftSyncTest, ChunksAddUpAndCountAsOnePush) {
   SoftSync s = Make(2);
   const std::vector<float> first = {1, 1}, second = {2, 2};
