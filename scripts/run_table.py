@@ -88,7 +88,8 @@ def main():
             try:
                 rows.append(row(d, a.target))
             except (OSError, ValueError, KeyError) as e:
-                # A run that never wrote its summary (killed launcher) is named, not skipped.
+                # A run that never wrote its summary (a killed launcher) is named here and left
+                # out of the table; failed and diverged runs have one and keep their row.
                 print(f"run_table.py: {d}: {e}", file=sys.stderr)
         if not rows:
             return 1
