@@ -95,8 +95,9 @@ struct JobConfig {
   // dense table as one update. 1: each push at once (asynchronous SGD); 0: the number of
   // workers (every update one global batch, a gradient about one update stale).
   int softsync = 1;
-  // The pushes per update that `softsync` means for this job.
-  int PushesPerUpdate() const { return softsync == 0 ? num_workers : softsync; }
+  // The batches per update (c) that `softsync` means for this job: one push of each worker
+  // (an all-reduce group's push counts its members' batches, server/softsync.h).
+  int BatchesPerUpdate() const { return softsync == 0 ? num_workers : softsync; }
   // The lr schedule's iteration once the workers' clocks add up to `worker_steps` (steps of
   // --batch_size taken across the job): those minibatches, or, with --global_batch_size,
   // the global batches they make (worker_steps / num_workers). Counting the whole job's

@@ -173,6 +173,9 @@ struct LeaseReply {
 struct ClockTick {
   clock @0 :Int64;
   leave @1 :Bool;
+  # Batches of --batch_size that one clock of this worker covers: an all-reduce group's
+  # leader pushes its members' batches summed, so its clock is the group's size. 0 = 1.
+  batches @2 :UInt32;
 }
 
 struct Register {

@@ -58,14 +58,18 @@ def mean(values):
 
 
 def print_scaling(rows, target):
-    """One line per (workers, staleness) group, in the order the groups first appear."""
+    """One line per (workers, staleness) group: by worker count, then BSP, SSP, ASP."""
     groups = {}
     for r in rows:
         groups.setdefault((r["workers"], r["staleness"]), []).append(r)
     print(f"| workers | consistency | test acc (each run) | mean acc | examples/s | s to {target} "
           "| max / mean staleness | runs ended |")
     print("| ---: | --- | --- | ---: | ---: | ---: | --- | --- |")
-    for (workers, staleness), g in groups.items():
+    def order(key):  # ASP (-1) after every bound; an unknown bound last
+        workers, staleness = key
+        return (workers, 10**9 if staleness is None else 10**8 if int(staleness) < 0 else int(staleness))
+
+    for (workers, staleness), g in sorted(groups.items(), key=lambda kv: order(kv[0])):
         accs = " / ".join(f"{r['test_acc']:.4f}" for r in g)
         reached = [r["to_target_s"] for r in g if r["to_target_s"] is not None]
         to_target = f"{mean(reached):.1f}" if len(reached) == len(g) else f"{len(reached)}/{len(g)} runs"

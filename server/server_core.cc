@@ -87,8 +87,8 @@ Status ServerCore::CreateTables(const StoreOptions& store) {
     tables_.push_back(std::move(table));
     table_staleness_.push_back(config_.StalenessOf(t));
   }
-  softsync_ = std::make_unique<SoftSync>(config_.PushesPerUpdate(), config_.table_specs, shard_map_,
-                                         server_id_, table_staleness_);
+  softsync_ = std::make_unique<SoftSync>(config_.BatchesPerUpdate(), config_.table_specs,
+                                         shard_map_, server_id_, table_staleness_);
   return Status::Ok();
 }
 
@@ -204,6 +204,7 @@ ServerCore::ServerCore(const JobConfig& config, int server_id, std::unique_ptr<O
       lr_policy_(lr_policy),
       shard_version_(config.table_specs.size(), 0),
       clocks_(static_cast<size_t>(config.num_workers), 0),
+      batches_per_clock_(static_cast<size_t>(config.num_workers), 1),
       left_(static_cast<size_t>(config.num_workers), false),
       evicted_(static_cast<size_t>(config.num_workers), false) {
   stats_.staleness_histogram.assign(kStalenessBuckets, 0);
@@ -273,6 +274,7 @@ Status ServerCore::CheckWorker(int worker, const char* what) {
   if (w >= clocks_.size()) {
     // A worker that joined the running job: out of the clock table until its first tick.
     clocks_.resize(w + 1, 0);
+    batches_per_clock_.resize(w + 1, 1);
     left_.resize(w + 1, true);
     evicted_.resize(w + 1, false);
   }
@@ -418,7 +420,7 @@ Result<Frames> ServerCore::ApplyPush(wire::Header::Reader h, const CheckedPush& 
     // --softsync: into the table's sum, applied as one update when due (server/softsync.h),
     // which then moves the version.
     softsync_->Add(table_id, a.range, checked.grads, push.getClock(), staleness,
-                   !push.getMoreChunks());
+                   !push.getMoreChunks(), BatchesPerClock(h.getSenderId()));
     PS_RETURN_IF_ERROR(ApplySoftSyncIfDue(table_id, MinLiveClock()));
   } else {
     const size_t state_floats = a.table->stride() - width;

@@ -287,8 +287,17 @@ class ServerCore {
   static Status CheckClock(int64_t clock, const char* what);
   // The slowest live worker's clock (INT64_MAX when none is live) and who it is.
   int64_t MinLiveClock(int* slowest = nullptr) const;
-  // The steps the workers' clocks add up to: the job's progress, for the lr schedule.
-  int64_t JobSteps() const;
+  // The batches the job has trained (each clock a worker ticked, times the batches it
+  // covers): the job's progress, for the lr schedule. A rejoining worker's jump to the
+  // slowest clock adds nothing. Restored from a checkpoint, it starts from the sum of the
+  // checkpoint's clocks (batches per clock are not in checkpoints).
+  int64_t JobSteps() const { return job_batches_; }
+  // Batches one clock of `worker` covers (1 for a sender the clock table does not know).
+  uint32_t BatchesPerClock(int worker) const {
+    return worker >= 0 && static_cast<size_t>(worker) < batches_per_clock_.size()
+               ? batches_per_clock_[static_cast<size_t>(worker)]
+               : 1u;
+  }
   void ReleaseHeldPulls(std::vector<Outgoing>* out);
   // --softsync (server/softsync.h): applies table t's sum of pushes when it is due.
   Status ApplySoftSyncIfDue(uint32_t table_id, int64_t min_live_clock);
@@ -307,8 +316,12 @@ class ServerCore {
   std::vector<int> table_staleness_;     // bound per table id
   std::vector<uint64_t> shard_version_;  // per table id
   std::vector<int64_t> clocks_;          // per worker
-  std::vector<bool> left_;               // per worker
-  std::vector<bool> evicted_;            // per worker
+  // Per worker: batches one of its clocks covers (its ticks say; a group leader's is the
+  // group's size). job_batches_ adds up the clocks ticked, each times its worker's batches.
+  std::vector<uint32_t> batches_per_clock_;
+  int64_t job_batches_ = 0;
+  std::vector<bool> left_;     // per worker
+  std::vector<bool> evicted_;  // per worker
   RecentRequests recent_pushes_;
   std::unique_ptr<SoftSync> softsync_;  // set by CreateTables; off unless --softsync > 1
   std::deque<HeldPull> held_;           // in arrival order

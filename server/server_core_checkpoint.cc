@@ -103,6 +103,8 @@ Status ServerCore::RestoreCheckpoint(const std::string& set_dir) {
     // Workers of the new job have not joined yet: none is known to have left.
     (void)left;
   }
+  job_batches_ = 0;
+  for (int64_t c : clocks_) job_batches_ += std::max<int64_t>(c, 0);
   PS_RETURN_IF_ERROR(r.Get(&tables));
   if (tables != tables_.size()) {
     return InvalidArgument(path + " has " + std::to_string(tables) + " tables; the job has " +

@@ -18,14 +18,6 @@ int64_t ServerCore::MinLiveClock(int* slowest) const {
   return min;
 }
 
-int64_t ServerCore::JobSteps() const {
-  // Every worker ticks every server, so each server's sum is the same; a worker that left
-  // keeps the steps it took.
-  int64_t steps = 0;
-  for (int64_t c : clocks_) steps += std::max<int64_t>(c, 0);
-  return steps;
-}
-
 void ServerCore::ExpireHeldPulls(Clock::time_point now, std::vector<Outgoing>* out) {
   const auto limit = std::chrono::duration<double>(config_.staleness_wait_seconds);
   for (auto it = held_.begin(); it != held_.end();) {
@@ -54,6 +46,14 @@ Result<Frames> ServerCore::HandleClock(wire::Header::Reader h, std::vector<Outgo
     left_[w] = true;
   } else {
     PS_RETURN_IF_ERROR(CheckClock(tick.getClock(), "clock tick"));
+    const uint32_t batches = tick.getBatches();
+    if (batches > static_cast<uint32_t>(std::max(config_.num_workers, 1))) {
+      return InvalidArgument("clock tick of worker " + std::to_string(worker) + " covers " +
+                             std::to_string(batches) + " batches a clock: expected 0.." +
+                             std::to_string(config_.num_workers) +
+                             " (an all-reduce group's size, at most --num_workers)");
+    }
+    if (batches > 0) batches_per_clock_[w] = batches;
     if (left_[w]) {
       // Rejoining (after waiting for data): start at the slowest live clock, so that
       // nobody waits on clocks this worker skipped while it was out.
@@ -61,8 +61,12 @@ Result<Frames> ServerCore::HandleClock(wire::Header::Reader h, std::vector<Outgo
       left_[w] = false;
       if (min_clock != INT64_MAX) clocks_[w] = std::max(clocks_[w], min_clock);
     }
-    // Clocks only move forward; a repeated tick changes nothing.
-    clocks_[w] = std::max(clocks_[w], tick.getClock());
+    // Clocks only move forward; a repeated tick changes nothing. Every worker ticks every
+    // server, so the servers (and a backup's shadow) count the same batches.
+    if (tick.getClock() > clocks_[w]) {
+      job_batches_ += (tick.getClock() - clocks_[w]) * batches_per_clock_[w];
+      clocks_[w] = tick.getClock();
+    }
   }
   // The tick's reply goes first: it answers the request that released the others.
   capnp::MallocMessageBuilder b;

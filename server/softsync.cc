@@ -7,10 +7,10 @@
 
 namespace ps {
 
-SoftSync::SoftSync(int pushes_per_update, const std::vector<RowRange>& held,
+SoftSync::SoftSync(int batches_per_update, const std::vector<RowRange>& held,
                    const std::vector<uint32_t>& width, const std::vector<bool>& dense,
                    const std::vector<int>& staleness)
-    : per_update_(pushes_per_update), sums_(held.size()) {
+    : per_update_(batches_per_update), sums_(held.size()) {
   CHECK_EQ(held.size(), width.size());
   CHECK_EQ(held.size(), dense.size());
   CHECK(staleness.empty() || staleness.size() == held.size());
@@ -47,42 +47,43 @@ std::vector<T> Each(const std::vector<TableSpec>& tables, Fn fn) {
 
 }  // namespace
 
-SoftSync::SoftSync(int pushes_per_update, const std::vector<TableSpec>& tables,
+SoftSync::SoftSync(int batches_per_update, const std::vector<TableSpec>& tables,
                    const ShardMap& shards, int server_id, const std::vector<int>& staleness)
-    : SoftSync(pushes_per_update, HeldRanges(tables, shards, server_id),
+    : SoftSync(batches_per_update, HeldRanges(tables, shards, server_id),
                Each<uint32_t>(tables, [](const TableSpec& t) { return t.width; }),
                Each<bool>(tables, [](const TableSpec& t) { return t.dense(); }), staleness) {}
 
 void SoftSync::Add(uint32_t table, RowRange range, std::span<const float> grads, int64_t clock,
-                   uint64_t staleness, bool last_chunk) {
+                   uint64_t staleness, bool last_chunk, uint32_t batches) {
   TableSum& s = sums_[table];
   CHECK(s.on);
   CHECK(range.begin >= s.held.begin && range.end <= s.held.end);
   CHECK_EQ(grads.size(), range.size() * s.width);
+  CHECK_GE(batches, 1u);
   const size_t first = range.begin - s.held.begin;
   float* dst = s.sum.data() + first * s.width;
   for (size_t i = 0; i < grads.size(); ++i) dst[i] += grads[i];
-  for (size_t r = 0; r < range.size(); ++r) ++s.counts[first + r];
+  for (size_t r = 0; r < range.size(); ++r) s.counts[first + r] += batches;
   ++s.contributions;
   s.oldest_clock = std::min(s.oldest_clock, clock);
   if (last_chunk) {
-    ++s.pushes;
-    s.staleness_sum += staleness;
+    s.batches += batches;
+    s.staleness_sum += staleness * batches;
   }
 }
 
 bool SoftSync::Due(uint32_t table, int64_t min_live_clock) const {
   const TableSum& s = sums_[table];
   if (!s.on || s.contributions == 0) return false;
-  return s.pushes >= static_cast<uint64_t>(per_update_) || min_live_clock == INT64_MAX ||
+  return s.batches >= static_cast<uint64_t>(per_update_) || min_live_clock == INT64_MAX ||
          (s.clock_rule && s.oldest_clock < min_live_clock);
 }
 
 SoftSync::Pending SoftSync::TakeMean(uint32_t table) {
   TableSum& s = sums_[table];
   CHECK(s.on && s.contributions > 0);
-  // Divided by c, not by the pushes in it: a sum applied early (the clock rule) with fewer
-  // pushes is a proportionally smaller step, as its share of one global batch.
+  // Divided by c, not by the batches in it: a sum applied early (the clock rule) with fewer
+  // is a proportionally smaller step, as its share of one global batch.
   for (size_t r = 0; r < s.counts.size(); ++r) {
     const uint32_t divisor = std::max<uint32_t>(s.counts[r], static_cast<uint32_t>(per_update_));
     if (s.counts[r] == 0 || divisor <= 1) continue;
@@ -94,8 +95,8 @@ SoftSync::Pending SoftSync::TakeMean(uint32_t table) {
   p.held = s.held;
   p.mean = s.sum;
   p.counts = s.counts;
-  p.pushes = s.pushes;
-  p.mean_staleness = s.pushes > 0 ? (s.staleness_sum + s.pushes / 2) / s.pushes : 0;
+  p.batches = s.batches;
+  p.mean_staleness = s.batches > 0 ? (s.staleness_sum + s.batches / 2) / s.batches : 0;
   return p;
 }
 
@@ -104,7 +105,7 @@ void SoftSync::Clear(uint32_t table) {
   std::fill(s.sum.begin(), s.sum.end(), 0.0f);
   std::fill(s.counts.begin(), s.counts.end(), 0u);
   s.contributions = 0;
-  s.pushes = 0;
+  s.batches = 0;
   s.oldest_clock = INT64_MAX;
   s.staleness_sum = 0;
 }

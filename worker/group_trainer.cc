@@ -43,7 +43,7 @@ void TrainingLoop::DissolveGroup(const Status& why) {
   LOG(WARNING) << "worker " << worker_id_ << ": the all-reduce group breaks (" << why.ToString()
                << "); nothing of the failed step is pushed, training alone from here";
   group_->Dissolve();
-  group_ = nullptr;
+  SetGroup(nullptr);
 }
 
 Status TrainingLoop::GroupStep(std::span<const int64_t> examples, uint64_t begin, int epoch,

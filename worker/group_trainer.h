@@ -9,8 +9,9 @@
 // clock. The batches' loss and accuracy travel with the gradients, so the leader's
 // progress reports cover the group (members send none). Sum, not mean: every push is a batch's mean
 // gradient (times n / batch_size), so the sum of G of them moves the model as G ungrouped pushes
-// would, and --base_lr and the schedule keep their meaning (the schedule's iteration, clock x
-// num_workers, still counts batches: each group clock is G of them).
+// would, and --base_lr and the schedule keep their meaning: the leader's clock ticks say that
+// each of its clocks is G batches (KVClient::SetBatchesPerClock), so the servers' schedule
+// and n-softsync's c count batches, not pushes.
 //
 // Failure: any group call that fails (a member not heard from within
 // --group_timeout_seconds, a dead peer, a malformed message) dissolves the group. Nothing

@@ -448,6 +448,7 @@ Ticket KVClient::SendClock(ClockTick tick, Callback done) {
     h.setTargetServer(s);
     auto clock = h.getBody().initClock();
     clock.setClock(clock_.load());
+    clock.setBatches(batches_per_clock_.load());
     clock.setLeave(tick == ClockTick::kLeave);
     Outgoing o{s, {}};
     o.frames.push_back(EncodeFrame(b));

@@ -61,6 +61,7 @@
 // replace a socket.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -182,6 +183,10 @@ class KVClient {
   // live worker's, so that nobody waits on the clocks it skipped.
   Ticket Rejoin(Callback done = nullptr);
   int64_t clock() const { return clock_.load(); }
+  // How many batches one clock of this worker covers (sent with every tick, so that the
+  // servers' lr schedule and n-softsync count batches): an all-reduce group's leader sets its
+  // group's size, and 1 again when the group breaks. Default 1.
+  void SetBatchesPerClock(uint32_t batches) { batches_per_clock_.store(std::max(batches, 1u)); }
 
   // Requests made between Cork() and Uncork() (calls may nest) are sent together when the
   // last Uncork comes: those to one server travel as one message (a batch,
@@ -302,6 +307,7 @@ class KVClient {
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> next_request_id_;  // random start (see Retries above)
   std::atomic<int64_t> clock_{0};
+  std::atomic<uint32_t> batches_per_clock_{1};
   std::atomic<bool> in_clock_table_{true};  // false after Leave, until Clock or Rejoin
   std::atomic<int> corks_{0};               // outstanding Cork() calls
 

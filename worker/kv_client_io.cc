@@ -269,6 +269,7 @@ void KVClient::ApplyRedirects(std::vector<zmq::pollitem_t>& items) {
     h.setTargetServer(server);
     auto tick = h.getBody().initClock();
     tick.setClock(clock);
+    tick.setBatches(batches_per_clock_.load());
     tick.setLeave(!in_table);
     Frames frames;
     frames.push_back(EncodeFrame(b));

@@ -194,8 +194,11 @@ class TrainingLoop {
   nlohmann::json Totals() const;
   // Makes this loop the leader of an all-reduce group (worker/group_trainer.h): each step
   // then covers group->size() batches, one per member, and pushes their sum. Borrowed;
-  // null: train alone.
-  void SetGroup(GroupComm* group) { group_ = group; }
+  // null: train alone. The clock ticks then say that each clock is the group's batches.
+  void SetGroup(GroupComm* group) {
+    group_ = group;
+    client_->SetBatchesPerClock(group != nullptr ? static_cast<uint32_t>(group->size()) : 1u);
+  }
   // Counted into Totals (a member that trained in a group before training alone).
   void AddPriorTotals(int64_t examples, int64_t steps, double seconds) {
     examples_ += examples;

@@ -45,6 +45,7 @@ std::vector<std::string> JobFlags() {
   return {"--num_servers=2",
           "--num_workers=1",
           "--epochs=1",
+          "--global_batch_size=64",  // one worker: 938 clocks in the epoch
           "--mlp_layers=784,32,10",
           "--staleness=0",
           "--replicas=1",

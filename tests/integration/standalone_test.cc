@@ -23,9 +23,11 @@ constexpr char kTrainImages[] = "/usr/share/datasets/fashion-mnist/train-images-
   }
 
 // One epoch of a small MLP: about a second of compute.
-const std::vector<std::string> kJobFlags = {"--mlp_layers=784,32,10", "--epochs=1",
-                                            "--num_workers=1", "--num_servers=1",
-                                            "--report_every_seconds=5"};
+// One epoch, at a quarter of the default's global batch of 512 (469 updates rather than 117,
+// so the one-epoch model is clearly trained).
+const std::vector<std::string> kJobFlags = {"--mlp_layers=784,32,10",  "--epochs=1",
+                                            "--global_batch_size=128", "--num_workers=1",
+                                            "--num_servers=1",         "--report_every_seconds=5"};
 
 class StandaloneTest : public itest::JobTest {
  protected:
@@ -128,7 +130,9 @@ TEST_F(StandaloneTest, ANetworkMatchesAOneWorkerBspJobBitForBit) {
 
 TEST_F(StandaloneTest, PrefetchMakesEachPushOneVersionStaleAndNoMore) {
   SKIP_WITHOUT_FASHION_MNIST();
-  Result<json> with = RunJob({"--staleness=1"}, {"--prefetch=true"});
+  // SGD: a gradient one update stale under the default's Nesterov momentum 0.9 trains
+  // poorly (README, worker flags), and this test is about the staleness, not the optimizer.
+  Result<json> with = RunJob({"--staleness=1", "--optimizer=sgd"}, {"--prefetch=true"});
   ASSERT_TRUE(with.ok()) << with.status().ToString();
   ASSERT_EQ(with->value("status", ""), "ok") << with->dump();
   EXPECT_EQ(with->at("workers")[0].value("prefetch", false), true);
@@ -139,7 +143,7 @@ TEST_F(StandaloneTest, PrefetchMakesEachPushOneVersionStaleAndNoMore) {
   EXPECT_LE(with->value("max_clock_lag_seen", 99), 1);
   EXPECT_GT(with->value("test_accuracy", 0.0), 0.75);
 
-  Result<json> without = RunJob({"--staleness=1"}, {"--prefetch=false"});
+  Result<json> without = RunJob({"--staleness=1", "--optimizer=sgd"}, {"--prefetch=false"});
   ASSERT_TRUE(without.ok()) << without.status().ToString();
   EXPECT_EQ(without->at("workers")[0].value("prefetch", true), false);
   EXPECT_EQ(without->value("max_staleness_seen", 1), 0) << without->dump();

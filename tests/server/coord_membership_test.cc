@@ -141,7 +141,7 @@ TEST(CoordMembership, BarrierWaitsForEveryLiveWorkerAndJoinsGetTheNextId) {
   EXPECT_TRUE(m.AllLiveDone());
   EXPECT_EQ(m.Join(M("w2"), t0 + seconds(10)), 2u);
   EXPECT_TRUE(m.workers()[2].joined);
-  EXPECT_FALSE(m.AllLiveDone());  // the new one trains
+  EXPECT_FALSE(m.AllLiveDone());                              // the new one trains
   EXPECT_TRUE(m.SilentWorkers(t0 + seconds(13), 2).empty());  // it beat at 10 s
   m.workers()[0].dead = true;
   m.workers()[2].left = true;

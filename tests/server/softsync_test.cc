@@ -11,7 +11,7 @@ namespace {
 // One dense table of 2 rows x 2 floats held here, one sparse table.
 SoftSync Make(int c) { return SoftSync(c, {RowRange{0, 2}, RowRange{}}, {2, 1}, {true, false}); }
 
-TEST(SoftSyncTest, OneOrFewerPushesPerUpdateIsOff) {
+TEST(SoftSyncTest, OneOrFewerBatchesPerUpdateIsOff) {
   EXPECT_FALSE(Make(1).enabled());
   EXPECT_FALSE(Make(1).sums(0));
   EXPECT_TRUE(Make(2).sums(0));
@@ -27,7 +27,7 @@ TEST(SoftSyncTest, CPushesMakeOneUpdateOfTheirMean) {
   ASSERT_TRUE(s.Due(0, 5));
   SoftSync::Pending p = s.TakeMean(0);
   EXPECT_EQ(std::vector<float>(p.mean.begin(), p.mean.end()), (std::vector<float>{2, 3, 4, 5}));
-  EXPECT_EQ(p.pushes, 2u);
+  EXPECT_EQ(p.batches, 2u);
   EXPECT_EQ(p.mean_staleness, 2u) << "(1 + 2) / 2 rounded";
   s.Clear(0);
   EXPECT_TRUE(s.empty(0));
@@ -54,6 +54,20 @@ TEST(SoftSyncTest, AnAspTablesSumIgnoresTheSlowestClock) {
   EXPECT_TRUE(s.Due(0, INT64_MAX)) << "no live worker: apply what is there";
 }
 
+// An all-reduce group's leader pushes the sum of its G members' batch gradients: with c = 4
+// (four workers in two groups of two) two such pushes make the update, the mean of 4 batches.
+TEST(SoftSyncTest, AGroupsPushCountsItsBatches) {
+  SoftSync s = Make(4);
+  s.Add(0, RowRange{0, 2}, std::vector<float>{2, 2, 2, 2}, 0, 0, true, /*batches=*/2);
+  EXPECT_FALSE(s.Due(0, 0)) << "2 batches of 4";
+  s.Add(0, RowRange{0, 2}, std::vector<float>{6, 6, 6, 6}, 0, 1, true, /*batches=*/2);
+  ASSERT_TRUE(s.Due(0, 0));
+  SoftSync::Pending p = s.TakeMean(0);
+  EXPECT_EQ(p.batches, 4u);
+  EXPECT_EQ(std::vector<float>(p.mean.begin(), p.mean.end()), (std::vector<float>{2, 2, 2, 2}));
+  EXPECT_EQ(p.mean_staleness, 1u) << "(0 x 2 + 1 x 2) / 4, rounded";
+}
+
 TEST(SoftSyncTest, ChunksAddUpAndCountAsOnePush) {
   SoftSync s = Make(2);
   const std::vector<float> first = {1, 1}, second = {2, 2};
@@ -62,7 +76,7 @@ TEST(SoftSyncTest, ChunksAddUpAndCountAsOnePush) {
   s.Add(0, RowRange{0, 2}, std::vector<float>{1, 1, 2, 2}, 1, 0, true);
   ASSERT_TRUE(s.Due(0, 0));
   SoftSync::Pending p = s.TakeMean(0);
-  EXPECT_EQ(p.pushes, 2u);
+  EXPECT_EQ(p.batches, 2u);
   EXPECT_EQ(std::vector<float>(p.mean.begin(), p.mean.end()), (std::vector<float>{1, 1, 2, 2}));
   EXPECT_EQ(p.counts[0], 2u);
 }

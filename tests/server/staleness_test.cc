@@ -4,6 +4,7 @@
 #include <climits>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 
 #include "server/server_core.h"
 #include "tests/server/test_messages.h"
@@ -197,6 +198,43 @@ TEST(StalenessTest, TheScheduleCountsTheJobsStepsNotTheFastWorkersClock) {
   EXPECT_DOUBLE_EQ(rate_at_90_and_10({}, 0), 1.0 - 100.0 / 200.0);
   // With --global_batch_size the schedule counts global batches: 100 steps of 2 workers.
   EXPECT_DOUBLE_EQ(rate_at_90_and_10({{"global_batch_size", "128"}}, 1), 1.0 - 50.0 / 200.0);
+}
+
+// The schedule counts batches: a clock of an all-reduce group's leader covers its members'
+// batches (its ticks say how many), and a worker that rejoins at the slowest clock adds none
+// for the clocks it skipped. A tick that claims more batches than workers is refused.
+TEST(StalenessTest, TheScheduleCountsAGroupLeadersClockAsItsGroupsBatches) {
+  // The rate of a push after `ticks` sends its clock ticks.
+  auto rate_after = [](const std::function<void(ServerCore&)>& ticks) {
+    auto core =
+        MakeCore({{"staleness", "-1"}, {"lr_policy", "poly"}, {"power", "1"}, {"max_iter", "200"}});
+    ticks(*core);
+    auto out = Send(*core, "w", VersionedPush(100, 0, 0, 4, std::vector<float>(8, 1), 0, 0, 0));
+    EXPECT_EQ(out.size(), 1u);
+    return ReplyHeader(out[0].frames).get().getBody().getPushReply().getLearningRate();
+  };
+  auto tick = [](ServerCore& core, Frames f) {
+    EXPECT_EQ(Send(core, "w", std::move(f)).size(), 1u);
+  };
+  // Worker 1 is worker 0's group member: out of the clock table; 50 group clocks = 100 batches.
+  EXPECT_FLOAT_EQ(rate_after([&](ServerCore& c) {
+                    tick(c, ClockTick(1, 1, 0, /*leave=*/true));
+                    tick(c, ClockTick(2, 0, 50, false, /*batches=*/2));
+                  }),
+                  1.0 - 100.0 / 200.0);
+  // Worker 1 left, rejoins (adopting clock 50) and ticks once: 51 batches, not 101.
+  EXPECT_FLOAT_EQ(rate_after([&](ServerCore& c) {
+                    tick(c, ClockTick(1, 1, 0, true));
+                    tick(c, ClockTick(2, 0, 50));
+                    tick(c, ClockTick(3, 1, 0));
+                    tick(c, ClockTick(4, 1, 51));
+                  }),
+                  1.0 - 51.0 / 200.0);
+  auto core = MakeCore({{"staleness", "-1"}});
+  Status refused = ReplyStatus(Send(*core, "w0", ClockTick(1, 0, 5, false, 3))[0].frames);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("covers 3 batches"), std::string::npos) << refused.message();
+  EXPECT_EQ(core->worker_clock(0), 0) << "a refused tick changes nothing";
 }
 
 // Found by fuzz_server_core: clock arithmetic must not overflow, and a finite but huge

@@ -86,11 +86,14 @@ inline Frames VersionedPush(uint64_t rid, uint32_t table, uint64_t begin, uint64
   return f;
 }
 
-inline Frames ClockTick(uint64_t rid, int32_t worker, int64_t clock, bool leave = false) {
+// `batches`: the batches one clock covers (an all-reduce group's size; 0 says nothing).
+inline Frames ClockTick(uint64_t rid, int32_t worker, int64_t clock, bool leave = false,
+                        uint32_t batches = 0) {
   capnp::MallocMessageBuilder b;
   auto t = NewHeader(b, rid, worker).getBody().initClock();
   t.setClock(clock);
   t.setLeave(leave);
+  t.setBatches(batches);
   Frames f;
   f.push_back(EncodeFrame(b));
   return f;
