@@ -21,7 +21,6 @@ import os
 import sys
 import time
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -32,7 +31,7 @@ def read_idx(path):
         data = f.read()
     dims = data[3]
     shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
-    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+    return torch.frombuffer(bytearray(data[4 + 4 * dims:]), dtype=torch.uint8).reshape(shape)
 
 
 def load(data_dir, split):
@@ -44,8 +43,7 @@ def load(data_dir, split):
                  "apt-get install -y dataset-fashion-mnist")
     images = read_idx(find(f"{split}-images-idx3-ubyte"))
     labels = read_idx(find(f"{split}-labels-idx1-ubyte"))
-    x = torch.from_numpy(images.reshape(len(images), -1).astype(np.float32) / 255.0)
-    return x, torch.from_numpy(labels.astype(np.int64))
+    return images.reshape(len(images), -1).float() / 255.0, labels.long()
 
 
 def main():
