@@ -1,7 +1,9 @@
 #include "common/data_check.h"
 
 #include <unistd.h>
+#include <zlib.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -107,7 +109,41 @@ Status CheckTrainAndTest(const JobConfig& config, const char* kind,
   return CheckFile(config.test_data, "test_data", kind, hint(config.test_data));
 }
 
+// The example count in the header of IDX file `path` (gzipped or plain: gzread reads both):
+// a big-endian magic whose last byte is the number of dimensions, then the first dimension.
+Result<uint64_t> IdxCount(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr) return NotFound("cannot open " + path + ": " + std::strerror(errno));
+  std::array<unsigned char, 8> h{};
+  const int got = gzread(f, h.data(), static_cast<unsigned>(h.size()));
+  gzclose(f);
+  if (got != static_cast<int>(h.size()) || h[0] != 0 || h[1] != 0 || h[3] < 1) {
+    return InvalidArgument(path + " does not start with an IDX header");
+  }
+  return (uint64_t{h[4]} << 24) | (uint64_t{h[5]} << 16) | (uint64_t{h[6]} << 8) | h[7];
+}
+
 }  // namespace
+
+Status ResolveWholeJobMaxIter(JobConfig* config) {
+  if (config->max_iter != 0 || (config->lr_policy != "poly" && config->lr_policy != "cosine")) {
+    return Status::Ok();
+  }
+  if (config->model != "mlp" && config->model != "network") {
+    return InvalidArgument(
+        "--max_iter=0 (the end of the job) is worked out only for IDX data "
+        "(--model=mlp, network); --model=" +
+        config->model +
+        " needs --max_iter=N, the iteration where --lr_policy=" + config->lr_policy + " ends");
+  }
+  const std::string plain = (fs::path(config->data_dir) / "train-labels-idx1-ubyte").string();
+  std::error_code ec;
+  const std::string path =
+      fs::exists(plain, ec) && !fs::exists(plain + ".gz", ec) ? plain : plain + ".gz";
+  PS_ASSIGN_OR_RETURN(uint64_t examples, IdxCount(path));
+  config->SetWholeJobMaxIter(examples);
+  return Status::Ok();
+}
 
 Status CheckJobData(const JobConfig& config) {
   if (config.model == "mlp" || config.model == "network") return CheckIdxDir(config.data_dir);

@@ -4,7 +4,7 @@
 //
 // Paths are looked up as the workers will open them: relative ones from the current
 // directory (the launchers run every process from the repository root). The check reads
-// only file metadata, never the data itself.
+// only file metadata, never the data itself; ResolveWholeJobMaxIter reads one header.
 //
 // Thread safety: a free function on its argument and the filesystem; callable from any
 // thread.
@@ -25,5 +25,12 @@ namespace ps {
 // `scripts/make_sparse_data.sh --ctr` for the generated CTR set (data/ctr/),
 // `scripts/install_deps.sh` (Debian's dataset-fashion-mnist) for the default data_dir.
 Status CheckJobData(const JobConfig& config);
+
+// With --max_iter=0 (the end of the job) and a schedule that reads it (poly, cosine): sets
+// config->max_iter from the training set's size, read from the IDX labels file's header
+// (--model=mlp, network). InvalidArgument for other models, whose example count is not
+// known before the workers read their files: those give --max_iter. REQUIRES: CheckJobData
+// passed.
+Status ResolveWholeJobMaxIter(JobConfig* config);
 
 }  // namespace ps

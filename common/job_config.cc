@@ -184,7 +184,7 @@ const std::vector<Field>& Fields() {
       IntField("stepsize", &JobConfig::stepsize, 1, INT64_MAX),
       StringField("stepvalue", &JobConfig::stepvalue),
       DoubleField("power", &JobConfig::power, 0, 1e3, false),
-      IntField("max_iter", &JobConfig::max_iter, 1, INT64_MAX),
+      IntField("max_iter", &JobConfig::max_iter, 0, INT64_MAX),
       IntField("warmup_iters", &JobConfig::warmup_iters, 0, INT64_MAX),
       StringField("staleness_lr", &JobConfig::staleness_lr, {"none", "inverse", "sqrt"}),
       IntField("softsync", &JobConfig::softsync, 0, 65536),
@@ -454,6 +454,17 @@ Result<JobConfig> JobConfig::FromFlagMap(const std::map<std::string, std::string
   }
   PS_RETURN_IF_ERROR(c.Validate());
   return c;
+}
+
+int64_t JobConfig::IterationsPerEpoch(uint64_t train_examples) const {
+  const uint64_t batch =
+      static_cast<uint64_t>(std::max(global_batch_size > 0 ? global_batch_size : batch_size, 1));
+  return static_cast<int64_t>((train_examples + batch - 1) / batch);
+}
+
+void JobConfig::SetWholeJobMaxIter(uint64_t train_examples) {
+  if (max_iter != 0) return;
+  max_iter = std::max<int64_t>(1, epochs * IterationsPerEpoch(train_examples));
 }
 
 Status JobConfig::SetNumWorkers(int workers) {

@@ -106,6 +106,12 @@ struct JobConfig {
   int64_t ScheduleIteration(int64_t worker_steps) const {
     return global_batch_size > 0 ? worker_steps / std::max(num_workers, 1) : worker_steps;
   }
+  // The schedule's iterations in one epoch of `train_examples` examples: global batches
+  // with --global_batch_size, else minibatches of --batch_size (rounded up).
+  int64_t IterationsPerEpoch(uint64_t train_examples) const;
+  // With max_iter 0 (the whole job), sets it to epochs x IterationsPerEpoch(train_examples);
+  // otherwise leaves it.
+  void SetWholeJobMaxIter(uint64_t train_examples);
   // Sets num_workers and, with --global_batch_size, the batch per worker that follows.
   // InvalidArgument when the global batch has fewer examples than there are workers.
   Status SetNumWorkers(int workers);
@@ -125,16 +131,18 @@ struct JobConfig {
 
   // ---- learning rate (Caffe's names) ----
   double base_lr = 0.1;
-  // fixed | step | multistep | exp | inv | poly | cosine. The iteration counts minibatch
-  // updates across the job: the pushing worker's clock times num_workers, so a schedule
-  // reads the same whatever the number of workers (an epoch is examples / batch_size);
-  // with --global_batch_size, global batches (an epoch is examples / global_batch_size).
+  // fixed | step | multistep | exp | inv | poly | cosine. The iteration counts minibatches
+  // across the job (ScheduleIteration: the workers' clocks added up), so a schedule reads the
+  // same whatever the number of workers (an epoch is examples / batch_size); with
+  // --global_batch_size, global batches (an epoch is examples / global_batch_size).
   std::string lr_policy = "fixed";
-  double gamma = 0.1;        // step, multistep, exp, inv
-  int64_t stepsize = 1000;   // step: lr = base_lr * gamma ^ floor(iter / stepsize)
-  std::string stepvalue;     // multistep: comma-separated iterations, increasing
-  double power = 1.0;        // inv, poly
-  int64_t max_iter = 10000;  // poly, cosine: the iteration where the schedule ends
+  double gamma = 0.1;       // step, multistep, exp, inv
+  int64_t stepsize = 1000;  // step: lr = base_lr * gamma ^ floor(iter / stepsize)
+  std::string stepvalue;    // multistep: comma-separated iterations, increasing
+  double power = 1.0;       // inv, poly
+  // poly, cosine: the iteration where the schedule ends. 0: the end of the job, worked out
+  // at start from the training set's size (SetWholeJobMaxIter), so --epochs moves it too.
+  int64_t max_iter = 0;
   int64_t warmup_iters = 0;  // linear warmup from 0 to the schedule's value
   // Staleness-aware learning rate (Zhang et al. 2016): none | inverse | sqrt divides the
   // step's learning rate by the gradient's staleness (or its square root; 0 counts as 1).

@@ -61,8 +61,10 @@ if [ "$pytorch" = 1 ]; then
   fi
   # The last --epochs= and --max_iter= of the config and the extra flags.
   last() { { grep -h -o -- "--$1=[0-9]*" "$flagfile"; printf '%s\n' "${extra[@]}" | grep -o -- "--$1=[0-9]*"; } | tail -1 | cut -d= -f2; }
-  timed pytorch /usr/bin/python3 scripts/pytorch_mlp.py --epochs "$(last epochs)" \
-    --max_iter "$(last max_iter)" --target "$target" --run_dir "$out/pytorch"
+  epochs="$(last epochs)"
+  max_iter="$(last max_iter)"  # none or 0: the cosine ends with the run, as in the job
+  timed pytorch /usr/bin/python3 scripts/pytorch_mlp.py --epochs "${epochs:-15}" \
+    --max_iter "${max_iter:-0}" --target "$target" --run_dir "$out/pytorch"
   runs="$runs pytorch"
 fi
 python3 - "$out" "$target" $runs <<'PY'

@@ -63,7 +63,8 @@ DEFINE_double(gamma, kDefaults.gamma, "step, multistep, exp, inv");
 DEFINE_int64(stepsize, kDefaults.stepsize, "step: iterations between decays");
 DEFINE_string(stepvalue, kDefaults.stepvalue, "multistep: increasing iterations, comma-separated");
 DEFINE_double(power, kDefaults.power, "inv, poly");
-DEFINE_int64(max_iter, kDefaults.max_iter, "poly, cosine: where the schedule ends");
+DEFINE_int64(max_iter, kDefaults.max_iter,
+             "poly, cosine: where the schedule ends (0: with the job, from the data set's size)");
 DEFINE_int64(warmup_iters, kDefaults.warmup_iters, "linear warmup iterations (0: none)");
 DEFINE_string(staleness_lr, kDefaults.staleness_lr,
               "none | inverse | sqrt: divide the lr by the gradient's staleness");
@@ -159,6 +160,10 @@ int main(int argc, char** argv) {
   }
   if (ps::Status data = ps::CheckJobData(config.value()); !data.ok()) {
     LOG(ERROR) << "job data: " << data.message();
+    return 2;
+  }
+  if (ps::Status end = ps::ResolveWholeJobMaxIter(&config.value()); !end.ok()) {
+    LOG(ERROR) << "bad job config: " << end.message();
     return 2;
   }
   std::signal(SIGTERM, OnSignal);

@@ -139,6 +139,7 @@ Status StandaloneRun::Open() {
   dim_ = static_cast<size_t>(train_.rows) * static_cast<size_t>(train_.cols);
   PS_RETURN_IF_ERROR(CreateModel());
   PS_ASSIGN_OR_RETURN(optimizer_, MakeOptimizer(config_));
+  config_.SetWholeJobMaxIter(static_cast<uint64_t>(train_.count));  // as the coordinator does
   PS_ASSIGN_OR_RETURN(LrPolicy lr_policy, LrPolicy::Create(config_));
   lr_policy_.emplace(std::move(lr_policy));
   x_.resize(static_cast<size_t>(config_.batch_size) * dim_);

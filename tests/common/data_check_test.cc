@@ -148,5 +148,56 @@ TEST_F(DataCheckTest, AModelWithoutDataNeedsNone) {
   EXPECT_TRUE(CheckJobData(c).ok());
 }
 
+// --max_iter=0: a cosine that ends with the job, its length read from the labels file's
+// header (a plain file here; gzip goes through the same gzread).
+TEST_F(DataCheckTest, MaxIterZeroEndsTheScheduleWithTheJob) {
+  fs::create_directories("idx");
+  {
+    std::ofstream f("idx/train-labels-idx1-ubyte", std::ios::binary);
+    const unsigned char header[] = {0, 0, 8, 1, 0, 0, 0x03, 0xE8};  // 1000 labels
+    f.write(reinterpret_cast<const char*>(header), sizeof(header));
+  }
+  JobConfig c = Mlp("idx");
+  c.lr_policy = "cosine";
+  c.max_iter = 0;
+  c.epochs = 3;
+  c.global_batch_size = 128;
+  ASSERT_TRUE(ResolveWholeJobMaxIter(&c).ok());
+  EXPECT_EQ(c.max_iter, 3 * 8) << "ceil(1000 / 128) global batches an epoch";
+
+  c.max_iter = 0;
+  c.global_batch_size = 0;
+  c.batch_size = 100;
+  ASSERT_TRUE(ResolveWholeJobMaxIter(&c).ok());
+  EXPECT_EQ(c.max_iter, 3 * 10) << "minibatches of --batch_size without a global batch";
+
+  c.max_iter = 77;
+  ASSERT_TRUE(ResolveWholeJobMaxIter(&c).ok());
+  EXPECT_EQ(c.max_iter, 77) << "a given end stays";
+
+  c.max_iter = 0;
+  c.lr_policy = "fixed";
+  ASSERT_TRUE(ResolveWholeJobMaxIter(&c).ok());
+  EXPECT_EQ(c.max_iter, 0) << "a schedule without an end needs none";
+}
+
+TEST_F(DataCheckTest, MaxIterZeroIsRefusedWhereTheExampleCountIsUnknownOrTheFileIsNotIdx) {
+  JobConfig sparse = SparseLr("train.svm", "");
+  sparse.lr_policy = "poly";
+  sparse.max_iter = 0;
+  Status s = ResolveWholeJobMaxIter(&sparse);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--model=sparse_lr needs --max_iter=N"));
+
+  Touch("bad/train-labels-idx1-ubyte");  // "x": no header
+  JobConfig mlp = Mlp("bad");
+  mlp.lr_policy = "cosine";
+  mlp.max_iter = 0;
+  s = ResolveWholeJobMaxIter(&mlp);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("does not start with an IDX header"));
+  EXPECT_EQ(mlp.max_iter, 0);
+}
+
 }  // namespace
 }  // namespace ps

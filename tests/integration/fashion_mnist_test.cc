@@ -46,6 +46,8 @@ TEST(FashionMnistTest, OneEpochReachesEightyPercentAndCleansUp) {
   EXPECT_EQ(summary.value("status", ""), "ok") << summary.dump();
   EXPECT_GE(summary.value("test_accuracy", 0.0), 0.80) << summary.dump();
   EXPECT_EQ(summary.value("epochs", 0), 1);
+  // The config leaves --max_iter at 0: the cosine ends with this one epoch, ceil(60000 / 128).
+  EXPECT_EQ(summary["config"].value("max_iter", ""), "469") << summary.dump();
   ASSERT_EQ(summary["workers"].size(), 2u) << summary.dump();
   uint64_t examples = 0;
   for (const json& w : summary["workers"]) {
