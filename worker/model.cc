@@ -171,8 +171,8 @@ class DenseModel final : public TrainableModel {
 
 class SparseLrModel final : public TrainableModel {
  public:
-  SparseLrModel(const JobConfig& config, int max_batch, SparseDataset train, SparseDataset test)
-      : config_(config), max_batch_(max_batch), train_(std::move(train)), test_(std::move(test)) {}
+  SparseLrModel(int max_batch, SparseDataset train, SparseDataset test)
+      : max_batch_(max_batch), train_(std::move(train)), test_(std::move(test)) {}
 
   int64_t train_examples() const override { return train_.count; }
   int max_batch() const override { return max_batch_; }
@@ -242,7 +242,6 @@ class SparseLrModel final : public TrainableModel {
   static constexpr uint32_t kWeights = 0;
   static constexpr uint32_t kBias = 1;
 
-  const JobConfig& config_;
   const int max_batch_;
   SparseDataset train_, test_;
   SparseBatch batch_;
@@ -460,7 +459,7 @@ Result<std::unique_ptr<TrainableModel>> LoadModel(const JobConfig& config, Kerne
       PS_ASSIGN_OR_RETURN(test, LoadLibsvm(config.test_data, o));
     }
     return std::unique_ptr<TrainableModel>(
-        new SparseLrModel(config, max_batch, std::move(train), std::move(test)));
+        new SparseLrModel(max_batch, std::move(train), std::move(test)));
   }
   if (config.model == "wide_deep") {
     PS_ASSIGN_OR_RETURN(NetworkSpec spec, ParseNetwork(config.network));

@@ -37,13 +37,8 @@ TEST(FashionMnistTest, OneEpochReachesEightyPercentAndCleansUp) {
       itest::RunLaunchLocal({itest::SourceDir() + "/configs/fashion_mnist_mlp.flags", "--servers",
                              "2", "--workers", "2", "--", "--epochs=1", kOneEpochBatch},
                             run_dir, dir.Join("launch.log"), kJobTimeout);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  ASSERT_EQ(r->exit_status, 0) << "launch_local.sh failed\n" << r->logs;
-  EXPECT_TRUE(r->leftovers.empty()) << "still running after launch_local.sh exited:\n"
-                                    << itest::Describe(r->leftovers);
+  ASSERT_NO_FATAL_FAILURE(itest::ExpectFinishedOk(r));
   const json& summary = r->summary;
-  ASSERT_TRUE(summary.is_object()) << r->logs;
-  EXPECT_EQ(summary.value("status", ""), "ok") << summary.dump();
   EXPECT_GE(summary.value("test_accuracy", 0.0), 0.80) << summary.dump();
   EXPECT_EQ(summary.value("epochs", 0), 1);
   // The config leaves --max_iter at 0: the cosine ends with this one epoch, ceil(60000 / 128).
@@ -78,12 +73,8 @@ TEST(FashionMnistTest, EightWorkersOfTheDefaultJobKeepItsAccuracy) {
   auto r = itest::RunLaunchLocal(
       {itest::SourceDir() + "/configs/fashion_mnist_mlp.flags", "--servers", "2", "--workers", "8"},
       dir.Join("run"), dir.Join("launch.log"), kJobTimeout);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  ASSERT_EQ(r->exit_status, 0) << r->logs;
-  EXPECT_TRUE(r->leftovers.empty()) << itest::Describe(r->leftovers);
+  ASSERT_NO_FATAL_FAILURE(itest::ExpectFinishedOk(r));
   const json& summary = r->summary;
-  ASSERT_TRUE(summary.is_object()) << r->logs;
-  EXPECT_EQ(summary.value("status", ""), "ok") << summary.dump();
   ASSERT_EQ(summary["workers"].size(), 8u) << summary.dump();
   EXPECT_EQ(summary.value("batch_size", 0), 64) << "512 over 8 workers";
   EXPECT_EQ(summary["examples_per_epoch"], json(std::vector<int>(15, 60000))) << summary.dump();

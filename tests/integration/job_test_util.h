@@ -325,6 +325,18 @@ inline std::string Describe(const std::vector<ProcessInfo>& ps) {
   return s.str();
 }
 
+// A launch that should have trained to the end: the script ran and exited 0, left no
+// process behind, and wrote a summary.json whose status is "ok". Call it under
+// ASSERT_NO_FATAL_FAILURE: a failed ASSERT here ends only this function.
+inline void ExpectFinishedOk(const Result<LaunchResult>& r) {
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->exit_status, 0) << "launch_local.sh failed\n" << r->logs;
+  EXPECT_TRUE(r->leftovers.empty()) << "still running after launch_local.sh exited:\n"
+                                    << Describe(r->leftovers);
+  ASSERT_TRUE(r->summary.is_object()) << r->logs;
+  EXPECT_EQ(r->summary.value("status", ""), "ok") << r->summary.dump();
+}
+
 // A launch the coordinator refused at start: it failed with `message` in its logs, left no
 // process, wrote no train line, and started no server or worker (no log of one in RUN_DIR).
 inline void ExpectRefusedBeforeAnythingStarted(const LaunchResult& r, const std::string& run_dir,

@@ -27,9 +27,7 @@ TEST(SparseLrJobTest, RecoversTheGroundTruthThroughTheParameterServer) {
        "--train_data=" + dir.Join("train.svm"), "--test_data=" + dir.Join("test.svm"), "--epochs=2",
        "--chunk_examples=4096"},
       dir.Join("run"), dir.Join("launch.log"), std::chrono::seconds(120));
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  ASSERT_EQ(r->exit_status, 0) << r->logs;
-  EXPECT_TRUE(r->leftovers.empty()) << itest::Describe(r->leftovers);
+  ASSERT_NO_FATAL_FAILURE(itest::ExpectFinishedOk(r));
   const json& s = r->summary;
   // Chance is 0.5; the generator's truth scores about 0.93 on such data.
   EXPECT_GE(s.value("test_auc", 0.0), 0.75) << s.dump();
