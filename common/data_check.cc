@@ -59,6 +59,14 @@ std::string CtrHint(const std::string& path) {
          dir.string();
 }
 
+// The path a worker opens for IDX file `name` of `data_dir` (worker/idx_reader.h): NAME.gz,
+// else NAME.
+std::string IdxPath(const std::string& data_dir, const std::string& name) {
+  const std::string plain = (fs::path(data_dir) / name).string();
+  std::error_code ec;
+  return fs::exists(plain, ec) && !fs::exists(plain + ".gz", ec) ? plain : plain + ".gz";
+}
+
 std::string IdxHint(const std::string& data_dir) {
   if (data_dir == JobConfig{}.data_dir) {
     return "Debian's dataset-fashion-mnist package installs it: scripts/install_deps.sh";
@@ -93,9 +101,7 @@ Status CheckIdxDir(const std::string& data_dir) {
   }
   if (!fs::is_directory(st)) return FailedPrecondition(head + " is not a directory");
   for (const char* name : kIdxFiles) {
-    const std::string plain = (fs::path(data_dir) / name).string();
-    const std::string gz = plain + ".gz";
-    const std::string path = fs::exists(plain, ec) && !fs::exists(gz, ec) ? plain : gz;
+    const std::string path = IdxPath(data_dir, name);
     if (Status s = CheckFile(path, "data_dir", "IDX file", IdxHint(data_dir)); !s.ok()) return s;
   }
   return Status::Ok();
@@ -136,11 +142,8 @@ Status ResolveWholeJobMaxIter(JobConfig* config) {
         config->model +
         " needs --max_iter=N, the iteration where --lr_policy=" + config->lr_policy + " ends");
   }
-  const std::string plain = (fs::path(config->data_dir) / "train-labels-idx1-ubyte").string();
-  std::error_code ec;
-  const std::string path =
-      fs::exists(plain, ec) && !fs::exists(plain + ".gz", ec) ? plain : plain + ".gz";
-  PS_ASSIGN_OR_RETURN(uint64_t examples, IdxCount(path));
+  PS_ASSIGN_OR_RETURN(uint64_t examples,
+                      IdxCount(IdxPath(config->data_dir, "train-labels-idx1-ubyte")));
   config->SetWholeJobMaxIter(examples);
   return Status::Ok();
 }
