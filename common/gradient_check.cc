@@ -1,14 +1,17 @@
 #include "common/gradient_check.h"
 
 #include <cmath>
+#include <cstdint>
 #include <string>
 
 namespace ps {
 
 bool GradientsInRange(std::span<const float> grads) {
-  bool bad = false;
-  for (float g : grads) bad |= !(std::fabs(g) <= kMaxAbsGradient);
-  return !bad;
+  // An int32 accumulator, not a bool: GCC vectorizes a float loop only when every value in
+  // it is 4 bytes wide (a bool accumulator left this loop scalar, 4x the apply's cost).
+  int32_t bad = 0;
+  for (float g : grads) bad |= std::fabs(g) <= kMaxAbsGradient ? 0 : 1;
+  return bad == 0;
 }
 
 Status CheckGradients(std::span<const float> grads) {

@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/gradient_check.h"
 #include "common/job_config.h"
 #include "common/optimizer.h"
 #include "common/wire.h"
@@ -141,6 +142,30 @@ std::pair<double, double> CoreSeconds(const ps::JobConfig& config, int threads, 
 
 }  // namespace
 
+// The NaN/range scan every push passes before its update (common/gradient_check.h), against
+// memcpy of the same bytes: it reads the gradient once, so it should run near memcpy's rate.
+// A scalar scan once cost 4x the SGD update itself.
+void PrintGradientCheckRows(const std::vector<int>& sizes, nlohmann::json* results) {
+  std::printf("\n%-9s %8s %10s %12s %7s\n", "check", "size_MB", "GB/s", "memcpy_GB/s", "ratio");
+  for (int mb : sizes) {
+    std::vector<float> grad((static_cast<size_t>(mb) << 20) / 4, 0.001f), copy(grad.size());
+    const double bytes = static_cast<double>(grad.size()) * sizeof(float);
+    bool ok = true;
+    const double check_s = TimeMedian(FLAGS_iters, [&] { ok &= ps::GradientsInRange(grad); });
+    const double memcpy_s = TimeMedian(
+        FLAGS_iters, [&] { std::memcpy(copy.data(), grad.data(), grad.size() * sizeof(float)); });
+    if (!ok) std::fprintf(stderr, "ps_apply_bench: the check refused a healthy gradient\n");
+    const double check_gbs = bytes / check_s / 1e9, memcpy_gbs = bytes / memcpy_s / 1e9;
+    std::printf("%-9s %8d %10.2f %12.2f %7.2f\n", "gradients", mb, check_gbs, memcpy_gbs,
+                check_gbs / memcpy_gbs);
+    results->push_back({{"optimizer", "gradient_check"},
+                        {"size_mb", mb},
+                        {"rows_gb_per_s", check_gbs},
+                        {"memcpy_gb_per_s", memcpy_gbs},
+                        {"ratio", check_gbs / memcpy_gbs}});
+  }
+}
+
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("ps_apply_bench [--sizes_mb=1,16,64] [--width=256] [--iters=10]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
@@ -203,6 +228,7 @@ int main(int argc, char** argv) {
                          {"bound", bound}});
     }
   }
+  PrintGradientCheckRows(*sizes, &results);
   ps::Result<int> threads = ps::ResolveServerThreads(FLAGS_server_threads);
   if (!threads.ok()) {
     std::fprintf(stderr, "ps_apply_bench: %s\n", threads.status().ToString().c_str());
