@@ -59,8 +59,9 @@ if [ "$pytorch" = 1 ]; then
   if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch >/dev/null
   fi
-  # The last --epochs= and --max_iter= of the config and the extra flags.
-  last() { { grep -h -o -- "--$1=[0-9]*" "$flagfile"; printf '%s\n' "${extra[@]}" | grep -o -- "--$1=[0-9]*"; } | tail -1 | cut -d= -f2; }
+  # The last --epochs= and --max_iter= of the config and the extra flags (none: empty; grep
+  # finding nothing must not end the script under pipefail).
+  last() { { grep -h -o -- "--$1=[0-9]*" "$flagfile"; printf '%s\n' "${extra[@]}" | grep -o -- "--$1=[0-9]*"; } | tail -1 | cut -d= -f2 || true; }
   epochs="$(last epochs)"
   max_iter="$(last max_iter)"  # none or 0: the cosine ends with the run, as in the job
   timed pytorch /usr/bin/python3 scripts/pytorch_mlp.py --epochs "${epochs:-15}" \
