@@ -164,7 +164,9 @@ class RequestLoop {
 Status RequestLoop::Run(const std::atomic<bool>& stop) {
   std::vector<Outgoing> out;
   while (!stop.load(std::memory_order_relaxed)) {
-    PS_RETURN_IF_ERROR(Housekeep());
+    // Not between the messages of one batch: a worker's step arrives as one batch of ~10-20
+    // requests, and Housekeep polls the coordinator's socket (two system calls) each time.
+    if (!socket_.HasQueued()) PS_RETURN_IF_ERROR(Housekeep());
     Result<Incoming> in = Receive();
     ServerCore::After after = ServerCore::After::kContinue;
     out.clear();

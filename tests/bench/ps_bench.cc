@@ -5,6 +5,9 @@
 //   ps_bench [--transport=tcp|ipc] [--shm=auto|off] [--seconds=0.5] [--sizes_mb=1,4,16,64]
 //            [--json=FILE] [--chunk_kb=N]
 //   ps_bench --curve=compare [--io_threads=N]   dense push/pull with CURVE vs plain, same run
+//   ps_bench --think_us=N   each request follows N us of busy work on the caller's thread
+//                           (not counted), as in a job, where a worker computes between
+//                           requests and the threads a request wakes have gone idle
 //   ps_bench --server_threads=N   every in-process server applies and gathers rows with N
 //                                 threads (server/apply_pool.h); default 1
 //
@@ -64,6 +67,10 @@ DEFINE_int32(chunk_kb, -1,
              "KVClient chunk size for dense push/pull in KB (KVClientOptions::chunk_bytes); "
              "-1: the client's default, 0: no chunks");
 
+DEFINE_int64(think_us, 0,
+             "busy microseconds on the calling thread before each request (not counted), as "
+             "a worker computes between pulls: the threads a request wakes have gone idle");
+
 namespace ps {
 namespace {
 
@@ -76,17 +83,27 @@ std::string Endpoint(const std::string& name) {
   return "tcp://127.0.0.1:*";
 }
 
-// Runs `op` repeatedly for about FLAGS_seconds (after one warm-up) and returns calls/s.
+// Keeps this thread busy for `us` microseconds, as a worker computing between requests.
+void Think(int64_t us) {
+  if (us <= 0) return;
+  const auto until = SteadyClock::now() + std::chrono::microseconds(us);
+  while (SteadyClock::now() < until) {
+  }
+}
+
+// Runs `op` repeatedly for about FLAGS_seconds of its own time (after one warm-up) and
+// returns calls/s. With --think_us each call follows a busy gap that is not counted.
 template <typename F>
 double Rate(F&& op) {
   op();
   int n = 0;
-  auto start = SteadyClock::now();
   double elapsed = 0;
   do {
+    Think(FLAGS_think_us);
+    auto start = SteadyClock::now();
     op();
+    elapsed += std::chrono::duration<double>(SteadyClock::now() - start).count();
     ++n;
-    elapsed = std::chrono::duration<double>(SteadyClock::now() - start).count();
   } while (elapsed < FLAGS_seconds || n < 3);
   return n / elapsed;
 }
