@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/blas_core.h"
 #include "kernels/kernels.h"
 
 namespace ps {
@@ -378,6 +379,9 @@ void AddDeviceContext() {
 }  // namespace ps
 
 int main(int argc, char** argv) {
+  if (ps::Status s = ps::RestartWithBestBlasCore(argv); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+  }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   ps::AddDeviceContext();

@@ -10,6 +10,7 @@
 #include <new>
 #include <string>
 
+#include "kernels/blas_core.h"
 #include "kernels/kernel_math.h"
 #include "kernels/layer_checks.h"
 
@@ -102,7 +103,9 @@ Status CheckIndices(const char* op, int rows, const int32_t* indices, int table_
 class CpuKernels final : public Kernels {
  public:
   std::string DeviceName() const override {
-    return "cpu: " + std::to_string(openblas_get_num_threads()) + " threads";
+    // The kernels OpenBLAS chose belong here: they set the GEMM speed (kernels/blas_core.h).
+    return "cpu: " + std::to_string(openblas_get_num_threads()) + " threads, OpenBLAS " +
+           ChosenBlasCore();
   }
   bool IsCuda() const override { return false; }
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "common/metrics.h"
 #include "common/security_flags.h"
+#include "kernels/blas_core.h"
 #include "kernels/kernels.h"
 #include "worker/standalone.h"
 #include "worker/trainer.h"
@@ -126,6 +128,10 @@ ps::WorkerOptions WorkerOptionsFromFlags(ps::Metrics* metrics) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First: a restart must happen before any thread or file exists (kernels/blas_core.h).
+  if (ps::Status s = ps::RestartWithBestBlasCore(argv); !s.ok()) {
+    std::fprintf(stderr, "%s; going on with OpenBLAS's choice\n", s.ToString().c_str());
+  }
   gflags::SetUsageMessage("ps_worker --coordinator=tcp://HOST:PORT [--device=cpu|cuda|cuda:N]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;

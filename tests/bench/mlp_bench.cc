@@ -5,11 +5,13 @@
 // CUDA cases are skipped with an error line where the build or the machine has no GPU.
 #include <benchmark/benchmark.h>
 
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/blas_core.h"
 #include "kernels/kernels.h"
 #include "worker/mlp.h"
 
@@ -71,4 +73,13 @@ BENCHMARK_CAPTURE(BM_MlpStep, cuda, std::string("cuda"))
 }  // namespace
 }  // namespace ps
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  if (ps::Status s = ps::RestartWithBestBlasCore(argv); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

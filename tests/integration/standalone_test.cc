@@ -6,8 +6,12 @@
 //     version stale (its own previous update arrived after the pull), and one that does
 //     not prefetch reports none stale.
 #include <gtest/gtest.h>
+#include <strings.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
+#include "kernels/blas_core.h"
 #include "tests/integration/job_test_util.h"
 
 namespace ps {
@@ -56,7 +60,39 @@ class StandaloneTest : public itest::JobTest {
     }
     return ReadSummary();
   }
+
+  // `ps_worker --standalone` with `env` ("NAME=VALUE", set for it alone) on kJobFlags; its
+  // summary.
+  Result<json> RunStandalone(const std::vector<std::string>& env, const std::string& name) {
+    std::string job_flags;
+    for (const std::string& f : kJobFlags) job_flags += f + " ";
+    std::vector<std::string> argv = {"/usr/bin/env", "-u", "OPENBLAS_CORETYPE", "-u",
+                                     "PS_BLAS_CORE_CHECK"};
+    argv.insert(argv.end(), env.begin(), env.end());
+    const std::string run_dir = dir_.Join(name);
+    for (const std::string& a :
+         {itest::BinaryPath("ps_worker"), std::string("--standalone"),
+          "--job_flagfile=" + Flagfile(), "--job_flags=" + job_flags, "--run_dir=" + run_dir}) {
+      argv.push_back(a);
+    }
+    PS_ASSIGN_OR_RETURN(itest::ChildProcess p,
+                        itest::ChildProcess::Spawn(argv, dir_.Join(name + ".log")));
+    PS_ASSIGN_OR_RETURN(int rc, p.WaitExit(itest::DeadlineIn(std::chrono::seconds(100))));
+    if (rc != 0) {
+      return Internal("standalone exited with " + std::to_string(rc) + ": " +
+                      itest::TailOfFile(p.log_path(), 30));
+    }
+    PS_ASSIGN_OR_RETURN(std::string text, itest::ReadFile(run_dir + "/summary.json"));
+    return json::parse(text);
+  }
 };
+
+// The OpenBLAS core a worker's summary names ("cpu: 1 threads, OpenBLAS SkylakeX").
+std::string BlasCoreOf(const json& summary) {
+  const std::string device = summary["workers"][0].value("device", "");
+  const size_t at = device.find("OpenBLAS ");
+  return at == std::string::npos ? "" : device.substr(at + 9);
+}
 
 TEST_F(StandaloneTest, MatchesAOneWorkerBspJobBitForBit) {
   SKIP_WITHOUT_FASHION_MNIST();
@@ -147,6 +183,36 @@ TEST_F(StandaloneTest, PrefetchMakesEachPushOneVersionStaleAndNoMore) {
   ASSERT_TRUE(without.ok()) << without.status().ToString();
   EXPECT_EQ(without->at("workers")[0].value("prefetch", true), false);
   EXPECT_EQ(without->value("max_staleness_seen", 1), 0) << without->dump();
+}
+
+// A worker runs the best kernels its CPU has, whatever OpenBLAS's own table says (OpenBLAS
+// 0.3.21 gives CPUs newer than itself its SSE3 kernels); a user's OPENBLAS_CORETYPE stands.
+TEST_F(StandaloneTest, RunsTheBestOpenBlasKernelsOfTheCpuUnlessTheUserChose) {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const CpuFeatures cpu = ThisCpuFeatures();
+  Result<json> chosen = RunStandalone({}, "default");
+  ASSERT_TRUE(chosen.ok()) << chosen.status().ToString();
+  const std::string core = BlasCoreOf(*chosen);
+  ASSERT_FALSE(core.empty()) << chosen->dump();
+  EXPECT_EQ(BetterBlasCore(core, cpu), "")
+      << "the worker ran OpenBLAS's " << core << " kernels on a CPU that runs "
+      << BestBlasCoreFor(cpu) << "; this test process has " << ChosenBlasCore();
+  // This process did not restart: where OpenBLAS chose worse here, the worker said why.
+  const bool restarted = !BetterBlasCore(ChosenBlasCore(), cpu).empty();
+  Result<std::string> log = itest::ReadFile(dir_.Join("default.log"));
+  ASSERT_TRUE(log.ok());
+  EXPECT_EQ(log->find("restarting with OPENBLAS_CORETYPE=") != std::string::npos, restarted)
+      << *log;
+
+  Result<json> forced = RunStandalone({"OPENBLAS_CORETYPE=Prescott"}, "forced");
+  ASSERT_TRUE(forced.ok()) << forced.status().ToString();
+  EXPECT_EQ(strcasecmp(BlasCoreOf(*forced).c_str(), "Prescott"), 0) << forced->dump();
+  // Other kernels sum in another order, so the models differ in the last bits only.
+  EXPECT_NEAR(forced->value("test_accuracy", 0.0), chosen->value("test_accuracy", 1.0), 0.01);
+
+  Result<json> kept = RunStandalone({"PS_BLAS_CORE_CHECK=0"}, "kept");
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  EXPECT_EQ(BlasCoreOf(*kept), ChosenBlasCore()) << kept->dump();
 }
 
 }  // namespace
