@@ -273,7 +273,8 @@ echo "launch_local.sh: checks, build and keys took $ELAPSED s" >"$launcher_log"
 start coordinator "$run_dir/logs/coordinator.log" "${coordinator_cmd[@]}"
 coord="${pids[0]}"
 # The console shows the coordinator's progress; tail ends once the coordinator has.
-tail -n +1 -f --pid="$coord" "$run_dir/logs/coordinator.out" &
+# -s: how often tail checks that the coordinator lives (1 s by default: a second lost at the end)
+tail -n +1 -s 0.05 -f --pid="$coord" "$run_dir/logs/coordinator.out" &
 console=$!
 
 # The coordinator checks the config and the job's data before it listens: a refusal ends
@@ -349,7 +350,7 @@ while true; do
     start coordinator "$run_dir/logs/coordinator.log" "${coordinator_cmd[@]}" \
       --listen="$endpoint" --resume
     coord="${pids[-1]}"
-    tail -n 0 -f --pid="$coord" "$run_dir/logs/coordinator.out" &
+    tail -n 0 -s 0.05 -f --pid="$coord" "$run_dir/logs/coordinator.out" &
     console=$!
     continue
   fi

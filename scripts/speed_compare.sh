@@ -9,7 +9,8 @@
 # default job (2 servers, 2 workers), the same job with --prefetch, and the same model and
 # schedule in plain PyTorch on one thread (scripts/pytorch_mlp.py; python3-torch is
 # installed here unless --no_pytorch). `-- --epochs=N` (and any other job flag) applies to
-# every run; the PyTorch run takes its epochs and max_iter from the config and those flags.
+# every run; the PyTorch run takes its epochs, max_iter and global batch from the config
+# and those flags.
 # Each run keeps its run directory under DIR (default runs/speed-<time>). Expects a build.
 # Every option is taken as `--name value` or `--name=value`.
 set -euo pipefail
@@ -64,7 +65,15 @@ if [ "$pytorch" = 1 ]; then
   last() { { grep -h -o -- "--$1=[0-9]*" "$flagfile"; printf '%s\n' "${extra[@]}" | grep -o -- "--$1=[0-9]*"; } | tail -1 | cut -d= -f2 || true; }
   epochs="$(last epochs)"
   max_iter="$(last max_iter)"  # none or 0: the cosine ends with the run, as in the job
-  timed pytorch /usr/bin/python3 scripts/pytorch_mlp.py --epochs "${epochs:-15}" \
+  batch="$(last global_batch_size)"  # the job's global batch is PyTorch's batch
+  # PyTorch's GEMMs run in the same OpenBLAS: give it the kernels the workers chose (a CPU
+  # newer than OpenBLAS gets its SSE3 ones otherwise, kernels/blas_core.h), so that the
+  # ratio compares the frameworks, not the kernels.
+  core="$(/usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))["workers"][0]["device"]; print(d.split("OpenBLAS ")[1] if "OpenBLAS " in d else "")' \
+    "$out/standalone-blas1/summary.json" 2>/dev/null || true)"
+  echo "PyTorch runs OpenBLAS's ${core:-own choice of} kernels, as the workers do"
+  timed pytorch env ${core:+OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-$core}"} \
+    /usr/bin/python3 scripts/pytorch_mlp.py --epochs "${epochs:-15}" --batch_size "${batch:-512}" \
     --max_iter "${max_iter:-0}" --target "$target" --run_dir "$out/pytorch"
   runs="$runs pytorch"
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/speed_compare.sh end to end on one epoch: every run it makes finishes and lands in
 # the table, and with PyTorch present (Debian's python3-torch under /usr/bin/python3) the
-# PyTorch row and the job/PyTorch ratio are printed. Without PyTorch it runs --no_pytorch
+# PyTorch row and the job/PyTorch ratio are printed, PyTorch on the workers' OpenBLAS kernels. Without PyTorch it runs --no_pytorch
 # (the script would install python3-torch; a test does not).
 set -uo pipefail
 root="${PS_SOURCE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
@@ -31,5 +31,11 @@ done
 if [ "$torch" = 1 ]; then
   grep -Eq "^the job's whole command / PyTorch's: [0-9.]+x$" "$tmp/table.txt" ||
     fail "no job/PyTorch ratio printed"
+  # PyTorch's GEMMs run the OpenBLAS kernels the workers ran (not OpenBLAS's own choice,
+  # which on a CPU newer than OpenBLAS is its SSE3 one).
+  core="$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["workers"][0]["device"].split("OpenBLAS ")[1])' \
+    "$tmp/out/standalone-blas1/summary.json")" || fail "no OpenBLAS core in the standalone summary"
+  grep -q "^PyTorch runs OpenBLAS's $core kernels, as the workers do$" "$tmp/table.txt" ||
+    fail "PyTorch did not run the workers' OpenBLAS kernels ($core)"
 fi
 echo PASS
