@@ -1,5 +1,8 @@
 #include "worker/idx_reader.h"
 
+#include <glog/logging.h>
+#include <unistd.h>
+#include <xxhash.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -7,6 +10,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -139,7 +143,94 @@ std::string PickPath(const std::string& gz_path) {
   return gz_path;
 }
 
+// The inflated copy of `gz_path` in `cache_dir`: named by the source's canonical path, size
+// and modification time, so that any change to the source names another copy.
+Result<std::string> CachePath(const std::string& gz_path, const std::string& cache_dir) {
+  std::error_code ec;
+  const std::filesystem::path source = std::filesystem::canonical(gz_path, ec);
+  if (ec) return NotFound("cannot resolve " + gz_path + ": " + ec.message());
+  const uintmax_t size = std::filesystem::file_size(source, ec);
+  if (ec) return NotFound("cannot stat " + gz_path + ": " + ec.message());
+  const auto mtime = std::filesystem::last_write_time(source, ec);
+  if (ec) return NotFound("cannot stat " + gz_path + ": " + ec.message());
+  const std::string key = source.string() + "|" + std::to_string(size) + "|" +
+                          std::to_string(mtime.time_since_epoch().count());
+  char hash[17];
+  std::snprintf(hash, sizeof(hash), "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(key.data(), key.size())));
+  std::string name = source.filename().string();
+  name.resize(name.size() - 3);  // without .gz
+  return (std::filesystem::path(cache_dir) / (name + "-" + hash)).string();
+}
+
+// Inflates `gz_path` into `cached` (through a temporary file and a rename).
+Status InflateInto(const std::string& gz_path, const std::string& cached) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(cached).parent_path(), ec);
+  if (ec) return Unavailable("cannot create " + cached + "'s directory: " + ec.message());
+  gzFile in = gzopen(gz_path.c_str(), "rb");
+  if (in == nullptr) return NotFound("cannot open " + gz_path);
+  GzFile in_closer(in);
+  gzbuffer(in, 1 << 17);
+  const std::string tmp = cached + ".tmp." + std::to_string(getpid());
+  std::unique_ptr<FILE, int (*)(FILE*)> out(std::fopen(tmp.c_str(), "wb"), &std::fclose);
+  if (out == nullptr) return Unavailable("cannot write " + tmp + ": " + std::strerror(errno));
+  std::vector<char> buf(1 << 20);
+  int n = 0;
+  while ((n = gzread(in, buf.data(), static_cast<unsigned>(buf.size()))) > 0) {
+    if (std::fwrite(buf.data(), 1, static_cast<size_t>(n), out.get()) != static_cast<size_t>(n)) {
+      const std::string why = std::strerror(errno);
+      out.reset();
+      std::filesystem::remove(tmp, ec);
+      return Unavailable("cannot write " + tmp + ": " + why);
+    }
+  }
+  const bool closed = std::fclose(out.release()) == 0;
+  if (n < 0 || !closed) {
+    std::filesystem::remove(tmp, ec);
+    return Unavailable(n < 0 ? "cannot inflate " + gz_path : "cannot write " + tmp);
+  }
+  std::filesystem::rename(tmp, cached, ec);
+  if (ec) {
+    std::filesystem::remove(tmp, ec);
+    return Unavailable("cannot rename " + tmp + ": " + ec.message());
+  }
+  return Status::Ok();
+}
+
+// The path to read for `path`: its inflated copy when `path` is gzip and a cache is given
+// (made now when missing), else `path`.
+std::string ViaCache(const std::string& path, const IdxCache& cache, IdxCacheReport* report) {
+  if (cache.dir.empty() || !path.ends_with(".gz")) return path;
+  Result<std::string> cached = CachePath(path, cache.dir);
+  if (!cached.ok()) return path;  // the load names the missing source itself
+  std::error_code ec;
+  if (std::filesystem::exists(*cached, ec)) {
+    ++report->files_from_cache;
+    return *cached;
+  }
+  if (Status s = InflateInto(path, *cached); !s.ok()) {
+    report->error = s.message();
+    return path;
+  }
+  ++report->files_cached;
+  return *cached;
+}
+
 }  // namespace
+
+IdxCache IdxCache::FromEnvironment() {
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v == nullptr ? "" : v;
+  };
+  const std::string ps = env("PS_CACHE_DIR");
+  if (ps == "off") return {};
+  if (!ps.empty()) return {ps + "/idx"};
+  if (const std::string xdg = env("XDG_CACHE_HOME"); !xdg.empty()) return {xdg + "/ps/idx"};
+  if (const std::string home = env("HOME"); !home.empty()) return {home + "/.cache/ps/idx"};
+  return {};
+}
 
 Result<ImageDataset> LoadIdxFiles(const std::string& images_path, const std::string& labels_path) {
   PS_ASSIGN_OR_RETURN(IdxFile images, IdxFile::Open(images_path));
@@ -203,12 +294,42 @@ Result<ImageDataset> LoadIdxFiles(const std::string& images_path, const std::str
   return ds;
 }
 
-Result<ImageDataset> LoadIdxDataset(const std::string& dir, const std::string& prefix) {
+Result<ImageDataset> LoadIdxDataset(const std::string& dir, const std::string& prefix,
+                                    const IdxCache& cache, IdxCacheReport* report) {
   if (prefix.empty()) return InvalidArgument("LoadIdxDataset: empty file prefix");
+  IdxCacheReport unused;
+  if (report == nullptr) report = &unused;
   const std::filesystem::path base(dir);
   const std::string images = PickPath((base / (prefix + "-images-idx3-ubyte.gz")).string());
   const std::string labels = PickPath((base / (prefix + "-labels-idx1-ubyte.gz")).string());
+  const std::string images_read = ViaCache(images, cache, report);
+  const std::string labels_read = ViaCache(labels, cache, report);
+  if (images_read == images && labels_read == labels) return LoadIdxFiles(images, labels);
+  Result<ImageDataset> ds = LoadIdxFiles(images_read, labels_read);
+  if (ds.ok()) return ds;
+  // A copy the source no longer matches (damaged on disk, or the source itself is bad):
+  // drop the copies and read the sources, whose errors name the files the user gave.
+  report->error = "cached copy unreadable (" + ds.status().message() + "); read the sources";
+  std::error_code ec;
+  if (images_read != images) std::filesystem::remove(images_read, ec);
+  if (labels_read != labels) std::filesystem::remove(labels_read, ec);
+  report->files_from_cache = 0;
+  report->files_cached = 0;
   return LoadIdxFiles(images, labels);
+}
+
+Result<ImageDataset> LoadIdxDatasetCached(const std::string& dir, const std::string& prefix) {
+  const IdxCache cache = IdxCache::FromEnvironment();
+  IdxCacheReport report;
+  Result<ImageDataset> ds = LoadIdxDataset(dir, prefix, cache, &report);
+  if (!report.error.empty()) {
+    LOG(WARNING) << "data cache " << cache.dir << " not used for " << prefix << ": "
+                 << report.error;
+  } else if (report.files_cached > 0) {
+    LOG(INFO) << "inflated " << prefix << " into the data cache " << cache.dir
+              << " (PS_CACHE_DIR=off: none); later runs read it from there";
+  }
+  return ds;
 }
 
 }  // namespace ps

@@ -435,14 +435,14 @@ Result<std::unique_ptr<TrainableModel>> LoadModel(const JobConfig& config, Kerne
                                                   int max_batch) {
   if (config.model == "mlp") {
     LOG(INFO) << "loading " << config.data_dir;
-    PS_ASSIGN_OR_RETURN(ImageDataset train, LoadIdxDataset(config.data_dir, "train"));
-    PS_ASSIGN_OR_RETURN(ImageDataset test, LoadIdxDataset(config.data_dir, "t10k"));
+    PS_ASSIGN_OR_RETURN(ImageDataset train, LoadIdxDatasetCached(config.data_dir, "train"));
+    PS_ASSIGN_OR_RETURN(ImageDataset test, LoadIdxDatasetCached(config.data_dir, "t10k"));
     return MakeMlpModel(config, kernels, max_batch, std::move(train), std::move(test));
   }
   if (config.model == "network") {
     LOG(INFO) << "loading " << config.data_dir;
-    PS_ASSIGN_OR_RETURN(ImageDataset train, LoadIdxDataset(config.data_dir, "train"));
-    PS_ASSIGN_OR_RETURN(ImageDataset test, LoadIdxDataset(config.data_dir, "t10k"));
+    PS_ASSIGN_OR_RETURN(ImageDataset train, LoadIdxDatasetCached(config.data_dir, "train"));
+    PS_ASSIGN_OR_RETURN(ImageDataset test, LoadIdxDatasetCached(config.data_dir, "t10k"));
     return MakeNetworkModel(config, kernels, max_batch, std::move(train), std::move(test));
   }
   if (config.model == "sparse_lr") {

@@ -134,8 +134,8 @@ Status StandaloneRun::Open() {
   PS_ASSIGN_OR_RETURN(metrics_, MetricsLog::Open(options_.run_dir + "/metrics.jsonl"));
   PS_ASSIGN_OR_RETURN(kernels_, MakeKernels(options_.device));
   LOG(INFO) << "standalone on " << kernels_->DeviceName() << "; loading " << config_.data_dir;
-  PS_ASSIGN_OR_RETURN(train_, LoadIdxDataset(config_.data_dir, "train"));
-  PS_ASSIGN_OR_RETURN(test_, LoadIdxDataset(config_.data_dir, "t10k"));
+  PS_ASSIGN_OR_RETURN(train_, LoadIdxDatasetCached(config_.data_dir, "train"));
+  PS_ASSIGN_OR_RETURN(test_, LoadIdxDatasetCached(config_.data_dir, "t10k"));
   dim_ = static_cast<size_t>(train_.rows) * static_cast<size_t>(train_.cols);
   PS_RETURN_IF_ERROR(CreateModel());
   PS_ASSIGN_OR_RETURN(optimizer_, MakeOptimizer(config_));

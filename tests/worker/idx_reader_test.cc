@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -146,6 +147,96 @@ TEST_F(IdxReaderTest, LoadDatasetByPrefixGzipOrPlain) {
     Result<ImageDataset> ds = LoadIdxDataset(dir_.string(), prefix);
     ASSERT_TRUE(ds.ok()) << prefix << ": " << ds.status().ToString();
     ExpectSmallData(*ds, pixels, labels);
+  }
+}
+
+// The inflated copies in an IdxCache: made on first use, read after, replaced when the
+// source changes; a damaged copy is dropped and the source read.
+TEST_F(IdxReaderTest, TheCacheKeepsAnInflatedCopyForTheNextLoad) {
+  std::vector<uint8_t> pixels, labels;
+  SmallData(&pixels, &labels);
+  WriteGz("train-images-idx3-ubyte.gz", ImagesFile(5, 3, 4, pixels));
+  WriteGz("train-labels-idx1-ubyte.gz", LabelsFile(5, labels));
+  const IdxCache cache{(dir_ / "cache" / "idx").string()};
+
+  IdxCacheReport first;
+  Result<ImageDataset> ds = LoadIdxDataset(dir_.string(), "train", cache, &first);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  ExpectSmallData(*ds, pixels, labels);
+  EXPECT_EQ(first.files_cached, 2);
+  EXPECT_EQ(first.files_from_cache, 0);
+  EXPECT_EQ(first.error, "");
+  std::vector<fs::path> copies;
+  for (const auto& e : fs::directory_iterator(cache.dir)) copies.push_back(e.path());
+  ASSERT_EQ(copies.size(), 2u) << "one inflated copy per file, no temporary left";
+  for (const fs::path& p : copies) {
+    EXPECT_EQ(p.filename().string().find(".gz"), std::string::npos) << p;
+    EXPECT_EQ(p.filename().string().find(".tmp"), std::string::npos) << p;
+  }
+
+  IdxCacheReport second;
+  ds = LoadIdxDataset(dir_.string(), "train", cache, &second);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  ExpectSmallData(*ds, pixels, labels);
+  EXPECT_EQ(second.files_from_cache, 2);
+  EXPECT_EQ(second.files_cached, 0);
+
+  // A new source (other labels, so another size): another copy, the new data.
+  std::vector<uint8_t> other_labels = {1, 2, 3, 4, 5, 6};
+  std::vector<uint8_t> other_pixels(6 * 3 * 4, 7);
+  WriteGz("train-images-idx3-ubyte.gz", ImagesFile(6, 3, 4, other_pixels));
+  WriteGz("train-labels-idx1-ubyte.gz", LabelsFile(6, other_labels));
+  IdxCacheReport third;
+  ds = LoadIdxDataset(dir_.string(), "train", cache, &third);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  EXPECT_EQ(ds->count, 6);
+  EXPECT_EQ(ds->labels[5], 6);
+  EXPECT_EQ(third.files_cached, 2);
+
+  // Damage the copies: the load reads the sources instead and says why.
+  for (const auto& e : fs::directory_iterator(cache.dir)) fs::resize_file(e.path(), 3);
+  IdxCacheReport fourth;
+  ds = LoadIdxDataset(dir_.string(), "train", cache, &fourth);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  EXPECT_EQ(ds->count, 6);
+  EXPECT_NE(fourth.error.find("cached copy unreadable"), std::string::npos) << fourth.error;
+}
+
+TEST_F(IdxReaderTest, ACacheThatCannotBeWrittenIsSkippedNotAnError) {
+  std::vector<uint8_t> pixels, labels;
+  SmallData(&pixels, &labels);
+  WriteGz("t10k-images-idx3-ubyte.gz", ImagesFile(5, 3, 4, pixels));
+  WriteGz("t10k-labels-idx1-ubyte.gz", LabelsFile(5, labels));
+  // A cache "directory" under a regular file cannot be created, even by root.
+  const std::string file = WritePlain("not-a-dir", {1});
+  IdxCacheReport report;
+  Result<ImageDataset> ds = LoadIdxDataset(dir_.string(), "t10k", IdxCache{file + "/idx"}, &report);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  ExpectSmallData(*ds, pixels, labels);
+  EXPECT_EQ(report.files_cached, 0);
+  EXPECT_NE(report.error.find(file), std::string::npos) << report.error;
+}
+
+TEST(IdxCacheTest, TheEnvironmentNamesTheDirectory) {
+  const char* saved[] = {std::getenv("PS_CACHE_DIR"), std::getenv("XDG_CACHE_HOME"),
+                         std::getenv("HOME")};
+  const std::string keep[] = {saved[0] ? saved[0] : "", saved[1] ? saved[1] : "",
+                              saved[2] ? saved[2] : ""};
+  setenv("PS_CACHE_DIR", "/c", 1);
+  setenv("XDG_CACHE_HOME", "/x", 1);
+  setenv("HOME", "/h", 1);
+  EXPECT_EQ(IdxCache::FromEnvironment().dir, "/c/idx");
+  setenv("PS_CACHE_DIR", "off", 1);
+  EXPECT_EQ(IdxCache::FromEnvironment().dir, "");
+  unsetenv("PS_CACHE_DIR");
+  EXPECT_EQ(IdxCache::FromEnvironment().dir, "/x/ps/idx");
+  unsetenv("XDG_CACHE_HOME");
+  EXPECT_EQ(IdxCache::FromEnvironment().dir, "/h/.cache/ps/idx");
+  unsetenv("HOME");
+  EXPECT_EQ(IdxCache::FromEnvironment().dir, "");
+  const char* names[] = {"PS_CACHE_DIR", "XDG_CACHE_HOME", "HOME"};
+  for (int i = 0; i < 3; ++i) {
+    if (saved[i] != nullptr) setenv(names[i], keep[i].c_str(), 1);
   }
 }
 
