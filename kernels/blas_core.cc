@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <system_error>
 
 namespace ps {
 namespace {
@@ -98,11 +100,20 @@ Status RestartWithBestBlasCore(char** argv) {
   if (setenv("OPENBLAS_CORETYPE", better.c_str(), 1) != 0) {
     return Internal(std::string("setenv OPENBLAS_CORETYPE: ") + std::strerror(errno));
   }
-  execv("/proc/self/exe", argv);
+  // The binary's own path, not /proc/self/exe: the process name (comm, what ps, top and
+  // pkill show) is the executed file's name.
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) {
+    unsetenv("OPENBLAS_CORETYPE");
+    return Internal("could not restart with OPENBLAS_CORETYPE=" + better +
+                    ": reading /proc/self/exe: " + ec.message());
+  }
+  execv(self.c_str(), argv);
   const int err = errno;
   unsetenv("OPENBLAS_CORETYPE");
-  return Internal(std::string("could not restart with OPENBLAS_CORETYPE=") + better + ": execv " +
-                  "/proc/self/exe: " + std::strerror(err));
+  return Internal("could not restart with OPENBLAS_CORETYPE=" + better + ": execv " + self + ": " +
+                  std::strerror(err));
 }
 
 }  // namespace ps

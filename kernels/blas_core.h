@@ -47,8 +47,9 @@ std::string BetterBlasCore(std::string_view chosen, const CpuFeatures& cpu);
 std::string ChosenBlasCore();
 
 // When OPENBLAS_CORETYPE is unset (and PS_BLAS_CORE_CHECK is not 0) and BetterBlasCore
-// names a core: sets OPENBLAS_CORETYPE to it, says so on stderr and execv's
-// /proc/self/exe with `argv`; it does not return then. Returns Ok when nothing needed
+// names a core: sets OPENBLAS_CORETYPE to it, says so on stderr and execv's this binary
+// (the path /proc/self/exe links to, so the process keeps its name) with `argv`; it does
+// not return then. Returns Ok when nothing needed
 // changing, and an error (the process goes on with the kernels it has) when the restart
 // failed.
 Status RestartWithBestBlasCore(char** argv);

@@ -9,7 +9,9 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "kernels/blas_core.h"
 #include "tests/integration/job_test_util.h"
@@ -62,8 +64,10 @@ class StandaloneTest : public itest::JobTest {
   }
 
   // `ps_worker --standalone` with `env` ("NAME=VALUE", set for it alone) on kJobFlags; its
-  // summary.
-  Result<json> RunStandalone(const std::vector<std::string>& env, const std::string& name) {
+  // summary. With `comm`: the process's name once it has started training (after any
+  // restart), read from /proc while it runs or before it is reaped.
+  Result<json> RunStandalone(const std::vector<std::string>& env, const std::string& name,
+                             std::string* comm = nullptr) {
     std::string job_flags;
     for (const std::string& f : kJobFlags) job_flags += f + " ";
     std::vector<std::string> argv = {"/usr/bin/env", "-u", "OPENBLAS_CORETYPE", "-u",
@@ -77,6 +81,19 @@ class StandaloneTest : public itest::JobTest {
     }
     PS_ASSIGN_OR_RETURN(itest::ChildProcess p,
                         itest::ChildProcess::Spawn(argv, dir_.Join(name + ".log")));
+    if (comm != nullptr) {
+      const itest::Deadline started = itest::DeadlineIn(std::chrono::seconds(60));
+      while (true) {
+        Result<std::string> log = itest::ReadFile(p.log_path());
+        if (log.ok() && log->find("standalone on ") != std::string::npos) break;
+        if (std::chrono::steady_clock::now() > started) {
+          return DeadlineExceeded("the standalone run did not start training within 60 s");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      // Not reaped yet (only WaitExit reaps), so /proc keeps the name even after an exit.
+      PS_ASSIGN_OR_RETURN(*comm, itest::ReadFile("/proc/" + std::to_string(p.pid()) + "/comm"));
+    }
     PS_ASSIGN_OR_RETURN(int rc, p.WaitExit(itest::DeadlineIn(std::chrono::seconds(100))));
     if (rc != 0) {
       return Internal("standalone exited with " + std::to_string(rc) + ": " +
@@ -190,8 +207,10 @@ TEST_F(StandaloneTest, PrefetchMakesEachPushOneVersionStaleAndNoMore) {
 TEST_F(StandaloneTest, RunsTheBestOpenBlasKernelsOfTheCpuUnlessTheUserChose) {
   SKIP_WITHOUT_FASHION_MNIST();
   const CpuFeatures cpu = ThisCpuFeatures();
-  Result<json> chosen = RunStandalone({}, "default");
+  std::string comm;
+  Result<json> chosen = RunStandalone({}, "default", &comm);
   ASSERT_TRUE(chosen.ok()) << chosen.status().ToString();
+  EXPECT_EQ(comm, "ps_worker\n") << "a restart keeps the process's name (ps, top, pkill)";
   const std::string core = BlasCoreOf(*chosen);
   ASSERT_FALSE(core.empty()) << chosen->dump();
   EXPECT_EQ(BetterBlasCore(core, cpu), "")
