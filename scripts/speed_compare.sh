@@ -60,9 +60,10 @@ if [ "$pytorch" = 1 ]; then
   if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch >/dev/null
   fi
-  # The last --epochs= and --max_iter= of the config and the extra flags (none: empty; grep
-  # finding nothing must not end the script under pipefail).
-  last() { { grep -h -o -- "--$1=[0-9]*" "$flagfile"; printf '%s\n' "${extra[@]}" | grep -o -- "--$1=[0-9]*"; } | tail -1 | cut -d= -f2 || true; }
+  # The last --epochs=, --max_iter= and --global_batch_size= of the config and the extra
+  # flags, from flag lines only (a comment may quote one); none: empty (grep finding
+  # nothing must not end the script under pipefail).
+  last() { { grep -h -o -- "^--$1=[0-9]*" "$flagfile"; printf '%s\n' "${extra[@]}" | grep -o -- "^--$1=[0-9]*"; } | tail -1 | cut -d= -f2 || true; }
   epochs="$(last epochs)"
   max_iter="$(last max_iter)"  # none or 0: the cosine ends with the run, as in the job
   batch="$(last global_batch_size)"  # the job's global batch is PyTorch's batch
