@@ -90,6 +90,21 @@ Status RestartWithBestBlasCore(char** argv) {
   const std::string chosen = ChosenBlasCore();
   const std::string better = BetterBlasCore(chosen, ThisCpuFeatures());
   if (better.empty()) return Status::Ok();
+  // The binary's own path, not /proc/self/exe: the process name (comm, what ps, top and
+  // pkill show) is the executed file's name.
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) {
+    return Internal("OpenBLAS chose its " + chosen + " kernels; could not restart with " +
+                    "OPENBLAS_CORETYPE=" + better + ": reading /proc/self/exe: " + ec.message());
+  }
+  if (std::filesystem::path(self).filename().string().starts_with("ld-")) {
+    // Started through the dynamic loader (ld-linux.so PROGRAM ...): exec'ing it with this
+    // argv would not run this program again.
+    return FailedPrecondition("OpenBLAS chose its " + chosen + " kernels; started through " + self +
+                              ", so not restarting: set OPENBLAS_CORETYPE=" + better +
+                              " for this CPU's faster ones");
+  }
   // glog is not set up yet (this runs before flags are parsed), and the line matters: it
   // explains a restart that a user would otherwise see only as two "starting" lines.
   std::fprintf(stderr,
@@ -99,15 +114,6 @@ Status RestartWithBestBlasCore(char** argv) {
                chosen.c_str(), better.c_str(), better.c_str());
   if (setenv("OPENBLAS_CORETYPE", better.c_str(), 1) != 0) {
     return Internal(std::string("setenv OPENBLAS_CORETYPE: ") + std::strerror(errno));
-  }
-  // The binary's own path, not /proc/self/exe: the process name (comm, what ps, top and
-  // pkill show) is the executed file's name.
-  std::error_code ec;
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  if (ec) {
-    unsetenv("OPENBLAS_CORETYPE");
-    return Internal("could not restart with OPENBLAS_CORETYPE=" + better +
-                    ": reading /proc/self/exe: " + ec.message());
   }
   execv(self.c_str(), argv);
   const int err = errno;

@@ -51,7 +51,7 @@ std::string ChosenBlasCore();
 // (the path /proc/self/exe links to, so the process keeps its name) with `argv`; it does
 // not return then. Returns Ok when nothing needed
 // changing, and an error (the process goes on with the kernels it has) when the restart
-// failed.
+// failed or cannot work (a program started through the dynamic loader, ld-linux.so).
 Status RestartWithBestBlasCore(char** argv);
 
 }  // namespace ps
