@@ -163,8 +163,9 @@ Result<std::string> CachePath(const std::string& gz_path, const std::string& cac
   return (std::filesystem::path(cache_dir) / (name + "-" + hash)).string();
 }
 
-// Inflates `gz_path` into `cached` (through a temporary file and a rename).
-Status InflateInto(const std::string& gz_path, const std::string& cached) {
+// Inflates `gz_path` into `cached` (through a temporary file and a rename), unless it
+// inflates to more than `max_bytes`.
+Status InflateInto(const std::string& gz_path, const std::string& cached, uint64_t max_bytes) {
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(cached).parent_path(), ec);
   if (ec) return Unavailable("cannot create " + cached + "'s directory: " + ec.message());
@@ -176,8 +177,16 @@ Status InflateInto(const std::string& gz_path, const std::string& cached) {
   std::unique_ptr<FILE, int (*)(FILE*)> out(std::fopen(tmp.c_str(), "wb"), &std::fclose);
   if (out == nullptr) return Unavailable("cannot write " + tmp + ": " + std::strerror(errno));
   std::vector<char> buf(1 << 20);
+  uint64_t written = 0;
   int n = 0;
   while ((n = gzread(in, buf.data(), static_cast<unsigned>(buf.size()))) > 0) {
+    written += static_cast<uint64_t>(n);
+    if (written > max_bytes) {
+      out.reset();
+      std::filesystem::remove(tmp, ec);
+      return InvalidArgument(gz_path + " inflates to more than " + std::to_string(max_bytes) +
+                             " bytes; not cached");
+    }
     if (std::fwrite(buf.data(), 1, static_cast<size_t>(n), out.get()) != static_cast<size_t>(n)) {
       const std::string why = std::strerror(errno);
       out.reset();
@@ -209,7 +218,7 @@ std::string ViaCache(const std::string& path, const IdxCache& cache, IdxCacheRep
     ++report->files_from_cache;
     return *cached;
   }
-  if (Status s = InflateInto(path, *cached); !s.ok()) {
+  if (Status s = InflateInto(path, *cached, cache.max_inflated_bytes); !s.ok()) {
     report->error = s.message();
     return path;
   }

@@ -30,6 +30,9 @@ struct ImageDataset {
 struct IdxCache {
   // Empty: no cache (inflate every time). Created when missing.
   std::string dir;
+  // A file inflating to more is read from its source and not cached (a gzip bomb must not
+  // fill the disk). The default is the largest IDX file the reader accepts.
+  uint64_t max_inflated_bytes = (uint64_t{1} << 32) + 64;
 
   // $PS_CACHE_DIR/idx when set (PS_CACHE_DIR=off: no cache), else $XDG_CACHE_HOME/ps/idx,
   // else $HOME/.cache/ps/idx, else no cache.

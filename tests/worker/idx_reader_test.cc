@@ -217,6 +217,27 @@ TEST_F(IdxReaderTest, ACacheThatCannotBeWrittenIsSkippedNotAnError) {
   EXPECT_NE(report.error.find(file), std::string::npos) << report.error;
 }
 
+TEST_F(IdxReaderTest, AFileInflatingPastTheLimitIsReadFromItsSourceAndNotCached) {
+  std::vector<uint8_t> pixels, labels;
+  SmallData(&pixels, &labels);
+  WriteGz("train-images-idx3-ubyte.gz", ImagesFile(5, 3, 4, pixels));  // 76 bytes
+  WriteGz("train-labels-idx1-ubyte.gz", LabelsFile(5, labels));        // 13 bytes
+  IdxCache cache{(dir_ / "cache").string()};
+  cache.max_inflated_bytes = 40;
+  IdxCacheReport report;
+  Result<ImageDataset> ds = LoadIdxDataset(dir_.string(), "train", cache, &report);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  ExpectSmallData(*ds, pixels, labels);
+  EXPECT_EQ(report.files_cached, 1) << "the labels";
+  EXPECT_NE(report.error.find("inflates to more than 40 bytes"), std::string::npos) << report.error;
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(cache.dir)) {
+    EXPECT_NE(e.path().filename().string().find("labels"), std::string::npos) << e.path();
+    ++files;
+  }
+  EXPECT_EQ(files, 1) << "no copy of the images, and no temporary left";
+}
+
 TEST(IdxCacheTest, TheEnvironmentNamesTheDirectory) {
   const char* saved[] = {std::getenv("PS_CACHE_DIR"), std::getenv("XDG_CACHE_HOME"),
                          std::getenv("HOME")};
