@@ -95,6 +95,11 @@ struct Header {
     replicateReply @30 :Void;   # the backup applied it
     promote @31 :Promote;       # coordinator -> the backup of a dead primary: serve its shards
     promoteReply @32 :Void;
+    seed @34 :Seed;             # a whole copy of a primary's shards: frames: the snapshot
+                                # (ServerCore::SaveReplica); see server/replication.h
+    seedReply @35 :Void;
+    rereplicate @36 :Rereplicate;   # coordinator -> a server: send a copy of shards
+    rereplicateReply @37 :RereplicateReply;
   }
   # The server whose shards a request is for; -1: the receiver's own. After a failover a
   # server also serves its dead predecessor's shards, and this field says which core a
@@ -132,6 +137,29 @@ struct Evict {
 # A state-changing request (push, clock tick, evict) that primary server `primary` applied,
 # for its backup to apply to its copy of that primary's shards in the same order.
 struct Replicate {
+  primary @0 :Int32;
+}
+
+# A server whose shards lost their second copy makes a new one (server/replication.h).
+# handBack: the receiver serves dead server `primary`'s shards (it was promoted); it sends
+# them to the restarted server at `endpoint`, which serves them from now on, and keeps its
+# copy as that server's backup again. Otherwise `primary` is the receiver itself: it sends
+# its own shards to its backup, restarted at `endpoint`, and forwards to it from now on.
+struct Rereplicate {
+  primary @0 :Int32;
+  endpoint @1 :Text;
+  handBack @2 :Bool;
+}
+
+struct RereplicateReply {
+  bytes @0 :UInt64;       # the snapshot's size
+  seconds @1 :Float64;    # how long the receiver paused serving those shards to make it
+}
+
+# A whole copy of `primary`'s shards. To a server itself (primary = its id): it serves
+# them from now on (a hand back). Forwarded inside a `replicate` message: the backup's copy
+# is replaced by it.
+struct Seed {
   primary @0 :Int32;
 }
 
@@ -204,6 +232,10 @@ struct RegisterReply {
   restoreSet @7 :Text;
   evictedWorkers @8 :List(UInt32);
   idleWorkers @9 :List(UInt32);
+  # Servers, --replicas=2: this one restarts a dead server whose shards its backup serves.
+  # It starts empty; the backup sends it the shards (`seed`), then it serves them again and
+  # the backup holds the copy (server/replication.h).
+  rejoin @10 :Bool;
 }
 
 # A worker's place in an all-reduce group (worker/group_comm.h), formed by the coordinator.

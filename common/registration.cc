@@ -58,6 +58,7 @@ Result<Registration> RegisterWithCoordinator(Transport* transport,
     if (out.start_clock < 0) return InvalidArgument("the coordinator sent a negative start clock");
     out.replacement = r.getReplacement();
     out.restore_set = r.getRestoreSet().cStr();
+    out.rejoin = r.getRejoin();
     for (uint32_t w : r.getEvictedWorkers()) out.evicted_workers.push_back(static_cast<int>(w));
     for (uint32_t w : r.getIdleWorkers()) out.idle_workers.push_back(static_cast<int>(w));
     for (auto s : r.getShardMap().getServers())

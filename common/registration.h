@@ -52,6 +52,9 @@ struct Registration {
   std::string restore_set;
   std::vector<int> evicted_workers;
   std::vector<int> idle_workers;
+  // Servers, --replicas=2: this one restarts a dead server whose backup serves its shards;
+  // it starts empty and is sent them (RegisterReply.rejoin in common/protocol.capnp).
+  bool rejoin = false;
   // Still connected to the coordinator, for reports and the end of the job.
   std::unique_ptr<ClientSocket> coordinator;
 };

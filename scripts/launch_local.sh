@@ -42,12 +42,15 @@
 # once at the same endpoint with --resume (at most 100 times): it resumes the job from its
 # journal (RUN_DIR/coordinator.db) and the servers and workers re-attach. One that exits on
 # its own (the job ended, or failed) is not.
-# --restart_servers: with --replicas=1, a server that dies is started again at once with
-# the same flags (a fresh endpoint; at most 3 times per server): the coordinator declares
-# the old one dead after --heartbeat_timeout, and the new one takes its id and restores its
-# shards from the latest recorded checkpoint (what was trained on them since is lost: see
-# README, "Server failover"). On by default when the job has --replicas=1 and a
-# --checkpoint_dir; --no_restart_servers turns it off (a dead server then stops the job).
+# --restart_servers: a server that dies (or exits after handing its shards over on SIGTERM)
+# is started again at once with the same flags (a fresh endpoint). With --replicas=2 (at
+# most 100 times per server) the new one takes its id back once the old one is declared
+# dead, and the backup that served its shards hands them back to it: every shard has two
+# copies again (re-replication; nothing is lost). With --replicas=1 (at most 3 times) it
+# restores its shards from the latest recorded checkpoint (what was trained on them since
+# is lost: see README, "Server failover"). On by default with --replicas=2, and with
+# --replicas=1 and a --checkpoint_dir; --no_restart_servers turns it off (a dead server
+# then stops a job with --replicas=1).
 # --join RUN_DIR adds one worker to the job running in RUN_DIR (it reads the coordinator's
 # endpoint there) and returns that worker's exit status; its log is
 # RUN_DIR/logs/worker-join-<time>.log.
@@ -319,8 +322,10 @@ if [ "$restart_servers" = auto ]; then
   for f in $(grep -hoE -- '--checkpoint_dir=[^ ]*' "$flagfile" 2>/dev/null) "${extra[@]}"; do
     case "$f" in --checkpoint_dir=) restart_servers=0 ;; --checkpoint_dir=*) restart_servers=1 ;; esac
   done
-  [ "$replicated" = 1 ] && restart_servers=0
+  [ "$replicated" = 1 ] && restart_servers=1
 fi
+max_server_restarts=3
+[ "$replicated" = 1 ] && max_server_restarts=100
 
 # Wait for the coordinator to finish; stop early if any other process fails.
 rc=0
@@ -363,15 +368,17 @@ while true; do
     echo "launch_local.sh: $name exited with status $status; the job goes on without it" >&2
     continue
   fi
-  if [ "$status" -ne 0 ] && [[ "$name" == server-* ]] && [ "$replicated" = 1 ]; then
-    echo "launch_local.sh: $name exited with status $status; its backup takes over (--replicas=2)" >&2
+  if [ "$status" -ne 0 ] && [[ "$name" == server-* ]] && [ "$restart_servers" = 1 ] &&
+     [ "${restarts[$name]:-0}" -lt "$max_server_restarts" ]; then
+    restarts[$name]=$((${restarts[$name]:-0} + 1))
+    how="it restores the latest checkpoint"
+    [ "$replicated" = 1 ] && how="its backup serves its shards meanwhile and then hands them back"
+    echo "launch_local.sh: $name exited with status $status; restarting it (restart ${restarts[$name]} of at most $max_server_restarts): $how" >&2
+    start_server "${name#server-}" "${restarts[$name]}"
     continue
   fi
-  if [ "$status" -ne 0 ] && [[ "$name" == server-* ]] && [ "$restart_servers" = 1 ] &&
-     [ "${restarts[$name]:-0}" -lt 3 ]; then
-    restarts[$name]=$((${restarts[$name]:-0} + 1))
-    echo "launch_local.sh: $name exited with status $status; restarting it (restart ${restarts[$name]} of at most 3): it restores the latest checkpoint" >&2
-    start_server "${name#server-}" "${restarts[$name]}"
+  if [ "$status" -ne 0 ] && [[ "$name" == server-* ]] && [ "$replicated" = 1 ]; then
+    echo "launch_local.sh: $name exited with status $status; its backup takes over (--replicas=2)" >&2
     continue
   fi
   if [ "$status" -ne 0 ]; then

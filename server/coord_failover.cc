@@ -141,12 +141,14 @@ void Failover::AddWaiting(Member m) {
   waiting_.push_back(std::move(m));
 }
 
-std::vector<std::pair<int, Member>> Failover::TakeAssignments() {
+std::vector<std::pair<int, Member>> Failover::TakeAssignments(bool replicated) {
   std::vector<std::pair<int, Member>> out;
   const std::vector<Member>& servers = members_->servers();
   for (size_t s = 0; s < servers.size() && !waiting_.empty(); ++s) {
-    if (!servers[s].dead || promoted_.count(static_cast<int>(s)) > 0) continue;
-    if (lost_event_.count(static_cast<int>(s)) == 0) continue;
+    if (!servers[s].dead || (promoted_.count(static_cast<int>(s)) > 0) != replicated) continue;
+    // A failed-over server needs no entry of this coordinator's: one restarted since lost
+    // them (EntryFor makes one).
+    if (!replicated && lost_event_.count(static_cast<int>(s)) == 0) continue;
     auto pick = waiting_.begin();
     for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
       if (it->requested_id == static_cast<int>(s)) {
@@ -191,6 +193,105 @@ void Failover::Replace(int s, Member m, const std::optional<JobSet>& set, double
   if (static_cast<size_t>(s) < sockets_.size()) sockets_[static_cast<size_t>(s)].reset();
   replaced_.insert(s);
   awaiting_first_report_[s] = lost_event_[s];
+}
+
+FailureEntry& Failover::EntryFor(int s, FailureLog* log) {
+  auto it = lost_event_.find(s);
+  if (it != lost_event_.end()) return log->at(it->second);
+  // Lost before this coordinator was restarted: the entry of then is in the journal's
+  // earlier entries, which are not kept as values.
+  FailureEntry e;
+  e.kind = FailureKind::kServerLost;
+  e.id = s;
+  e.recovered = "failed over before the coordinator was restarted";
+  const size_t index = log->Add(std::move(e));
+  lost_event_[s] = index;
+  return log->at(index);
+}
+
+void Failover::Rejoin(int s, Member m, double elapsed, FailureLog* log) {
+  FailureEntry& entry = EntryFor(s, log);
+  entry.restarted_at = elapsed;
+  entry.restarted_unix_time = UnixSeconds();
+  entry.new_pid = m.pid;
+  entry.new_endpoint = m.endpoint;
+  LOG(WARNING) << "server " << s << " restarted (pid " << m.pid << " at " << m.endpoint
+               << "); server " << promoted_[s] << " will hand its shards back";
+  m.last_seen = CoordClock::now();
+  members_->servers()[static_cast<size_t>(s)] = std::move(m);
+  if (static_cast<size_t>(s) < sockets_.size()) sockets_[static_cast<size_t>(s)].reset();
+  awaiting_rejoin_.insert(s);
+}
+
+Result<CallReply> Failover::CallRereplicate(int to, int primary, const std::string& endpoint,
+                                            bool hand_back) {
+  capnp::MallocMessageBuilder b;
+  auto r = NewHeader(b, ++request_, -1).getBody().initRereplicate();
+  r.setPrimary(primary);
+  r.setEndpoint(endpoint);
+  r.setHandBack(hand_back);
+  Frames f;
+  f.push_back(EncodeFrame(b));
+  // The server pauses to copy the shards (and, for a hand back, waits for the restarted
+  // one to load them): longer than an eviction may take.
+  Result<CallReply> reply = CallServer(to, std::move(f), options_.rereplicate_timeout);
+  if (reply.ok() &&
+      reply->header.get().getBody().which() != wire::Header::Body::REREPLICATE_REPLY) {
+    return Internal("server " + std::to_string(to) + " answered rereplicate with another message");
+  }
+  return reply;
+}
+
+void Failover::OnRejoinedServing(int s, double elapsed, FailureLog* log) {
+  if (awaiting_rejoin_.erase(s) == 0) return;
+  FailureEntry& entry = EntryFor(s, log);
+  const int holder = promoted_.count(s) > 0 ? promoted_[s] : -1;
+  const std::string endpoint = members_->servers()[static_cast<size_t>(s)].endpoint;
+  Result<CallReply> back = holder < 0 ? Result<CallReply>(FailedPrecondition("no copy is served"))
+                                      : CallRereplicate(holder, s, endpoint, true);
+  if (!back.ok()) {
+    LOG(ERROR) << "server " << s
+               << "'s restart: its shards were not handed back: " << back.status().ToString();
+    entry.recovered = entry.recovered.value_or("") + "; the restarted server got no copy (" +
+                      back.status().ToString() + "): its shards keep one copy";
+    return;
+  }
+  auto copied = back->header.get().getBody().getRereplicateReply();
+  entry.handback_bytes = copied.getBytes();
+  entry.handback_pause_seconds = copied.getSeconds();
+  promoted_.erase(s);
+  replaced_.insert(s);  // the workers are redirected to the restarted server
+  // Its predecessor's shards lost their copy with it (BackupOf(p) = s).
+  const int n = static_cast<int>(members_->servers().size());
+  const int pred = (s + n - 1) % n;
+  std::string pred_note;
+  if (pred != s && ServedBy(pred) == pred) {
+    Result<CallReply> copy = CallRereplicate(pred, pred, endpoint, false);
+    if (copy.ok()) {
+      entry.predecessor_copy_bytes = copy->header.get().getBody().getRereplicateReply().getBytes();
+    } else {
+      pred_note = "; server " + std::to_string(pred) + " did not send it a copy of its shards (" +
+                  copy.status().ToString() + ")";
+      LOG(ERROR) << "server " << s << "'s restart" << pred_note;
+    }
+  } else if (pred != s) {
+    pred_note = "; server " + std::to_string(pred) + "'s shards are served by server " +
+                std::to_string(ServedBy(pred)) + " and keep one copy";
+  }
+  entry.rereplicated_unix_time = UnixSeconds();
+  if (entry.unix_time)
+    entry.rereplication_seconds = *entry.rereplicated_unix_time - *entry.unix_time;
+  entry.recovered = entry.recovered.value_or("") + "; restarted (pid " +
+                    std::to_string(entry.new_pid.value_or(0)) +
+                    ") and given its shards back: two copies again" + pred_note;
+  LOG(WARNING) << "server " << s << " re-replicated: " << entry.ToJson().dump();
+  std::printf(
+      "server %d restarted: its shards are back from server %d (%.1f MB, %.2f s pause)%s, "
+      "%.1f s after it was lost  %.1fs\n",
+      s, holder, static_cast<double>(*entry.handback_bytes) / 1e6, *entry.handback_pause_seconds,
+      pred_note.empty() ? "; every shard has two copies again" : pred_note.c_str(),
+      entry.rereplication_seconds.value_or(0), elapsed);
+  std::fflush(stdout);
 }
 
 void Failover::OnReplacementServing(int s, double restore_seconds, FailureLog* log) {
@@ -274,18 +375,21 @@ Status Failover::ShutdownServers(std::vector<ServerSummary>* out) {
 nlohmann::json Failover::StateJson() const {
   nlohmann::json promoted = nlohmann::json::array();
   for (const auto& [dead, backup] : promoted_) promoted.push_back({dead, backup});
-  return {{"promoted", promoted}, {"replaced", replaced_}};
+  return {{"promoted", promoted}, {"replaced", replaced_}, {"rejoining", awaiting_rejoin_}};
 }
 
 void Failover::RestoreState(const nlohmann::json& state) {
   promoted_.clear();
   replaced_.clear();
+  awaiting_rejoin_.clear();
   try {
     for (const auto& [dead, backup] :
          state.at("promoted").get<std::vector<std::pair<int, int>>>()) {
       promoted_[dead] = backup;
     }
     replaced_ = state.at("replaced").get<std::set<int>>();
+    // Restarted servers still waiting for their shards: handed back on their next report.
+    awaiting_rejoin_ = state.value("rejoining", std::set<int>{});
   } catch (const nlohmann::json::exception&) {
     LOG(WARNING) << "coordinator journal: no failover state; none restored";
   }

@@ -9,6 +9,10 @@
 // set's clock are lost (a bounded rollback, accepted rather than replayed: the other
 // servers' shards keep their updates and the workers' leases moved on); ComputeRollback
 // says how much, in the failure entry.
+// --replicas=2, re-replication (server/replication.h): a ps_server that registers while
+// the job runs restarts a dead server whose backup serves its shards (Rejoin); once it
+// reports, that backup hands the shards back to it and its predecessor sends it a copy of
+// its own (OnRejoinedServing): every shard has two copies again.
 // Evictions: a worker that is gone is dropped from every server's clock table (or from
 // the promoted backup's, for a failed-over server's shards).
 // Shutdown: every live server is asked to stop and answers with its counters.
@@ -41,6 +45,8 @@ struct FailoverOptions {
   std::chrono::milliseconds evict_timeout{5000};
   // How long each server may take to answer the shutdown request.
   std::chrono::milliseconds shutdown_timeout{30000};
+  // How long a server may take to send a copy of shards to a restarted one.
+  std::chrono::milliseconds rereplicate_timeout{60000};
 };
 
 // The rollback of a server restarted from the set at `checkpoint_clock` (`set`: none for
@@ -75,9 +81,18 @@ class Failover {
   // A server registered while the job runs: it waits for a dead slot (the same peer
   // asking again replaces its earlier request).
   void AddWaiting(Member m);
-  // Pairs each dead slot (not failed over) with a waiting server: the one that asked for
-  // that id, else the first to come. Removes them from the waiting ones.
-  std::vector<std::pair<int, Member>> TakeAssignments();
+  // Pairs each dead slot with a waiting server: the one that asked for that id, else the
+  // first to come. Removes them from the waiting ones. `replicated` (--replicas=2): the
+  // slots whose shards a backup serves; else those not failed over.
+  std::vector<std::pair<int, Member>> TakeAssignments(bool replicated = false);
+  // --replicas=2: `m` restarts dead server `s`, whose shards its promoted backup serves:
+  // installed in the membership; its shards come back when it serves (OnRejoinedServing).
+  void Rejoin(int s, Member m, double elapsed, FailureLog* log);
+  // A server's status report: when it is a restarted one's first, the backup that serves
+  // its shards hands them back to it, the workers are redirected to it, and its
+  // predecessor sends it a copy of its own shards. Fills the failure entry's
+  // re-replication fields; prints the console line.
+  void OnRejoinedServing(int s, double elapsed, FailureLog* log);
   // `m` takes dead server `s`'s place, restored from `set` (none: the initial values):
   // completes the failure entry in `log` and installs `m` in the membership.
   void Replace(int s, Member m, const std::optional<JobSet>& set, double elapsed, FailureLog* log);
@@ -108,6 +123,12 @@ class Failover {
   std::map<int, size_t> lost_event_;     // dead server -> its failure entry
   std::map<int, ServerLive> lost_live_;  // dead server -> its last status
   std::map<int, size_t> awaiting_first_report_;  // replacement -> its failure entry
+  std::set<int> awaiting_rejoin_;                // restarted servers waiting for their shards
+  // Dead server `s`'s failure entry (made when it was lost before a coordinator restart).
+  FailureEntry& EntryFor(int s, FailureLog* log);
+  // Asks server `to` to send server `primary`'s shards to `endpoint` (a `rereplicate`).
+  Result<CallReply> CallRereplicate(int to, int primary, const std::string& endpoint,
+                                    bool hand_back);
 };
 
 }  // namespace ps

@@ -75,6 +75,11 @@ json FailureEntry::ToJson() const {
   Put(j, "new_endpoint", new_endpoint);
   Put(j, "restore_seconds", restore_seconds);
   Put(j, "serving_unix_time", serving_unix_time);
+  Put(j, "handback_bytes", handback_bytes);
+  Put(j, "handback_pause_seconds", handback_pause_seconds);
+  Put(j, "predecessor_copy_bytes", predecessor_copy_bytes);
+  Put(j, "rereplicated_unix_time", rereplicated_unix_time);
+  Put(j, "rereplication_seconds", rereplication_seconds);
   Put(j, "clock", clock);
   Put(j, "down_seconds", down_seconds);
   return j;

@@ -71,6 +71,12 @@ struct FailureEntry {
   std::optional<uint32_t> new_pid;
   std::optional<std::string> new_endpoint;
   std::optional<double> restore_seconds, serving_unix_time;
+  // server_lost / server_left, restarted (--replicas=2): its shards handed back to it (the
+  // snapshot's size, and how long the server that served them paused to send it), its
+  // predecessor's copy sent to it, and when every shard had two copies again (seconds from
+  // the detection).
+  std::optional<uint64_t> handback_bytes, predecessor_copy_bytes;
+  std::optional<double> handback_pause_seconds, rereplicated_unix_time, rereplication_seconds;
   // coordinator_restart
   std::optional<int64_t> clock;
   std::optional<double> down_seconds;

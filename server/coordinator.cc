@@ -351,13 +351,9 @@ Status CoordinatorJob::DispatchWorker(const std::string& peer, int w, wire::Head
 // slowest live clock (ServerCore) and leases data like the others. With --replicas=1 a
 // server may register too: it replaces a dead one.
 Status CoordinatorJob::OnJoin(const std::string& peer, uint64_t rid, wire::Register::Reader reg) {
-  if (reg.getRole() == wire::Role::SERVER && config_.replicas < 2) {
-    return OnServerJoin(peer, rid, reg);
-  }
+  if (reg.getRole() == wire::Role::SERVER) return OnServerJoin(peer, rid, reg);
   if (reg.getRole() != wire::Role::WORKER) {
-    ReplyError(peer, rid,
-               FailedPrecondition("the job is running: only workers may join it (with "
-                                  "--replicas=2 a server cannot be added or replaced)"));
+    ReplyError(peer, rid, FailedPrecondition("the job is running: only workers may join it"));
     return Status::Ok();
   }
   if (progress_.final_eval() || barrier_released_) {
@@ -373,48 +369,6 @@ Status CoordinatorJob::OnJoin(const std::string& peer, uint64_t rid, wire::Regis
   std::fflush(stdout);
   failures_.AddJoin({id, joined.pid, joined.host, Elapsed()});
   return ReplyRegistration(joined, id, false);
-}
-
-// A ps_server registered while the job runs (--replicas=1): it replaces a dead server,
-// or waits (its registration unanswered) until one is declared dead, so that a server
-// restarted before the coordinator noticed the death is not turned away.
-Status CoordinatorJob::OnServerJoin(const std::string& peer, uint64_t rid,
-                                    wire::Register::Reader reg) {
-  Member m = MemberFromRegistration(peer, rid, reg);
-  if (Status ep = ValidateEndpoint(m.endpoint); !ep.ok()) {
-    ReplyError(peer, rid, ep);
-    return Status::Ok();
-  }
-  failover_.AddWaiting(std::move(m));
-  return AssignWaitingServers();
-}
-
-// Gives each dead server's slot to a waiting replacement, restored from the latest set
-// this job recorded.
-Status CoordinatorJob::AssignWaitingServers() {
-  for (auto& [s, m] : failover_.TakeAssignments()) {
-    const std::optional<JobSet> set = checkpoints_.LatestJobSet();
-    failover_.Replace(s, std::move(m), set, Elapsed(), &failures_);
-    progress_.servers()[static_cast<size_t>(s)] = ServerLive{};
-    ReplyReplacement(s, set);
-  }
-  return Status::Ok();
-}
-
-// The replacement's registration reply: the dead server's id, the set to restore, and the
-// workers that are gone (evicted) or done (idle).
-void CoordinatorJob::ReplyReplacement(int s, const std::optional<JobSet>& set) {
-  const Member& server = members_.servers()[static_cast<size_t>(s)];
-  capnp::MallocMessageBuilder b;
-  auto r = NewHeader(b, server.register_request, -1).getBody().initRegisterReply();
-  r.setId(static_cast<uint32_t>(s));
-  SetConfigAndShardMap(r, config_, members_.servers());
-  std::vector<uint32_t> evicted, idle;
-  members_.GoneAndIdle(&evicted, &idle);
-  SetReplacement(r, set ? set->set : std::string(), evicted, idle);
-  if (Status sent = Send(server.peer, b); !sent.ok()) {
-    LOG(ERROR) << "server " << s << "'s replacement: " << sent.ToString();
-  }
 }
 
 // A heartbeat (common/heartbeat.h), on the sender's own connection. A worker's reply
@@ -445,62 +399,9 @@ Status CoordinatorJob::CheckHeartbeats() {
   }
   for (int s : members_.TakeSilentServers(now)) {
     OnSilentServer(s, now);
-    if (config_.replicas < 2) PS_RETURN_IF_ERROR(AssignWaitingServers());
+    PS_RETURN_IF_ERROR(AssignWaitingServers());
   }
   return Status::Ok();
-}
-
-// Server `s` is silent: it is dead to the job (not shut down, not asked again). With
-// --replicas=2 its backup is promoted; with --replicas=1 its slot waits for a replacement
-// (OnServerJoin), which restores the latest recorded checkpoint set.
-void CoordinatorJob::OnSilentServer(int s, Clock::time_point now) {
-  Member& m = members_.servers()[static_cast<size_t>(s)];
-  LOG(ERROR) << "server " << s << " is silent (no heartbeat for " << config_.heartbeat_timeout
-             << " s)";
-  m.dead = true;
-  FailureEntry e;
-  e.kind = FailureKind::kServerLost;
-  e.id = s;
-  e.pid = m.pid;
-  e.silent_seconds = members_.SilentSeconds(m, now);
-  if (config_.replicas >= 2) {
-    failover_.PromoteBackup(s, m.last_seen, Elapsed(), &e);
-  } else {
-    // Where the workers stood: the slowest live clock the server last reported, and the
-    // fastest worker's clock in the workers' last reports.
-    e.clock_at_loss = progress_.servers()[static_cast<size_t>(s)].clock;
-    e.workers_clock_at_loss = progress_.FastestLiveClock(members_);
-    e.recovered = "nothing yet: waiting for a replacement ps_server (--replicas=1)";
-  }
-  e.time = Elapsed();
-  // Wall-clock time of the detection, so that a test can measure it from the kill.
-  e.unix_time = UnixSeconds();
-  LOG(WARNING) << "server " << s << " declared dead: " << e.ToJson().dump();
-  if (config_.replicas < 2) {
-    std::printf("server %d lost: waiting for a replacement server  %.1fs\n", s, Elapsed());
-    std::fflush(stdout);
-  }
-  progress_.CountFailure();
-  const size_t index = failures_.Add(std::move(e));
-  if (config_.replicas < 2) {
-    failover_.OnServerLost(s, index, progress_.servers()[static_cast<size_t>(s)]);
-  }
-}
-
-void CoordinatorJob::OnServerLeaving(int s) {
-  Member& m = members_.servers()[static_cast<size_t>(s)];
-  if (config_.replicas < 2) return;  // it stops as on a death; a replacement restores
-  m.dead = true;
-  FailureEntry e;
-  e.kind = FailureKind::kServerLeft;
-  e.id = s;
-  e.pid = m.pid;
-  e.time = Elapsed();
-  e.unix_time = UnixSeconds();
-  failover_.PromoteBackup(s, Clock::now(), Elapsed(), &e);
-  LOG(WARNING) << "server " << s << " left (SIGTERM): " << e.ToJson().dump();
-  progress_.CountFailure();
-  failures_.Add(std::move(e));
 }
 
 // Worker `w` is gone (dead: silent too long; or left on SIGTERM): its leases go back to
@@ -540,33 +441,6 @@ Status CoordinatorJob::RemoveWorker(int w, bool dead, std::optional<bool> comple
   }
   PS_RETURN_IF_ERROR(AnswerHeldLeases());
   return MaybeReleaseBarrier();
-}
-
-// A server's periodic status (server/server_node.h: ServerStatusJson): the live view,
-// the checkpoints it committed, a replacement's first report, a failover's first pull.
-void CoordinatorJob::OnServerReport(int s, const char* text) {
-  std::optional<json> j = ParseServerReport(text);
-  if (!j) return;
-  if (j->contains("leaving") && (*j)["leaving"].is_boolean() && (*j)["leaving"].get<bool>()) {
-    OnServerLeaving(s);
-    return;
-  }
-  if (j->contains("promoted_first_pull_unix_time") &&
-      (*j)["promoted_first_pull_unix_time"].is_object()) {
-    failures_.NoteFirstPullsAfterFailover((*j)["promoted_first_pull_unix_time"]);
-  }
-  const bool committed =
-      j->contains("checkpoint_clock") && (*j)["checkpoint_clock"].is_number_integer();
-  const double restore_seconds = j->value("restore_seconds", 0.0);
-  const double now = Elapsed();
-  ServerLive& live = progress_.servers()[static_cast<size_t>(s)];
-  live.Apply(std::move(*j), now);
-  if (committed) {
-    checkpoints_.OnServerCheckpoint(static_cast<size_t>(s), members_.servers().size(),
-                                    live.checkpoint_clock, members_.Training());
-  }
-  failover_.OnReplacementServing(s, restore_seconds, &failures_);
-  checkpoints_.MaybeNameClock(now, progress_.servers());
 }
 
 // A metrics line from a worker: appended to metrics.jsonl with its id, and taken into the

@@ -63,6 +63,18 @@ class RecentRequests {
     return w == workers_.end() ? 0 : w->second.replies.size();
   }
   size_t total() const { return total_; }
+
+  // Calls fn(worker, request_id, reply) for every remembered request, each worker's oldest
+  // first: inserting them in this order into an empty table rebuilds this one.
+  template <typename Fn>
+  void ForEach(Fn fn) const {
+    for (const auto& [worker, w] : workers_) {
+      for (uint64_t id : w.order) {
+        auto it = w.replies.find(id);
+        if (it != w.replies.end()) fn(worker, id, it->second);
+      }
+    }
+  }
   size_t capacity() const { return capacity_; }
 
  private:

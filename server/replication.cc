@@ -27,6 +27,10 @@ RequestKind Classify(const Frames& request) {
         return RequestKind::kReplicate;
       case wire::Header::Body::PROMOTE:
         return RequestKind::kPromote;
+      case wire::Header::Body::REREPLICATE:
+        return RequestKind::kRereplicate;
+      case wire::Header::Body::SEED:
+        return RequestKind::kSeed;
       default:
         return RequestKind::kOther;
     }
@@ -54,6 +58,53 @@ Frames WrapForBackup(int primary, uint64_t request_id, Frames request) {
   f.push_back(EncodeFrame(b));
   for (zmq::message_t& m : request) f.push_back(std::move(m));
   return f;
+}
+
+Result<Frames> SeedMessage(ServerCore& core, uint64_t request_id, size_t* bytes) {
+  std::string snapshot;
+  PS_RETURN_IF_ERROR(core.SaveReplica(&snapshot));
+  *bytes = snapshot.size();
+  capnp::MallocMessageBuilder b;
+  NewHeader(b, request_id, core.server_id()).getBody().initSeed().setPrimary(core.server_id());
+  Frames f;
+  f.push_back(EncodeFrame(b));
+  f.emplace_back(snapshot.data(), snapshot.size());
+  return f;
+}
+
+Frames LoadSeed(ServerCore& core, int self, const Frames& message) {
+  uint64_t request_id = 0;
+  Status s;
+  if (message.size() != 2) {
+    s = InvalidArgument("a seed message has a header and the snapshot; this one has " +
+                        std::to_string(message.size()) + " frames");
+  } else {
+    Result<DecodedHeader> h = DecodedHeader::Decode(message[0]);
+    s = h.status();
+    try {
+      if (h.ok()) {
+        request_id = h->get().getRequestId();
+        const int primary = h->get().getBody().getSeed().getPrimary();
+        if (primary != core.server_id()) {
+          s = InvalidArgument("a seed of server " + std::to_string(primary) +
+                              "'s shards sent to a copy of server " +
+                              std::to_string(core.server_id()) + "'s");
+        }
+      }
+    } catch (const std::exception& e) {
+      s = InvalidArgument(e.what());
+    }
+  }
+  if (s.ok()) {
+    s = core.LoadReplica(
+        std::string_view(static_cast<const char*>(message[1].data()), message[1].size()));
+  }
+  if (!s.ok()) return ErrorReply(request_id, self, s);
+  capnp::MallocMessageBuilder b;
+  NewHeader(b, request_id, self).getBody().setSeedReply();
+  Frames reply;
+  reply.push_back(EncodeFrame(b));
+  return reply;
 }
 
 BackupStore::BackupStore(JobConfig config, int self, StoreOptions store)
@@ -121,10 +172,11 @@ Frames BackupStore::Handle(Frames& message) {
                       Aborted("server " + std::to_string(self_) +
                               " already serves the shards of server " + std::to_string(primary)));
   }
-  Result<ServerCore*> shadow = Shadow(primary);
-  if (!shadow.ok()) return ErrorReply(request_id, self_, shadow.status());
   Frames request(std::make_move_iterator(message.begin() + 1),
                  std::make_move_iterator(message.end()));
+  if (Classify(request) == RequestKind::kSeed) return Reseed(primary, request_id, request);
+  Result<ServerCore*> shadow = Shadow(primary);
+  if (!shadow.ok()) return ErrorReply(request_id, self_, shadow.status());
   std::vector<Outgoing> dropped;
   ServerCore::After after = ServerCore::After::kContinue;
   (*shadow)->Handle("primary", request, &dropped, &after);
@@ -133,6 +185,38 @@ Frames BackupStore::Handle(Frames& message) {
   Frames reply;
   reply.push_back(EncodeFrame(b));
   return reply;
+}
+
+Frames BackupStore::Reseed(int primary, uint64_t request_id, const Frames& seed) {
+  // The old copy goes first: a new one with a spill directory opens the same one.
+  shadows_.erase(primary);
+  StoreOptions so = store_;
+  if (!so.spill_dir.empty()) so.spill_dir += "/backup-of-" + std::to_string(primary);
+  JobConfig fresh = config_;
+  fresh.restore.clear();  // the seed has everything; a checkpoint would only cost time
+  Result<std::unique_ptr<ServerCore>> core = ServerCore::Create(fresh, primary, so);
+  if (!core.ok()) return ErrorReply(request_id, self_, core.status());
+  Frames loaded = LoadSeed(**core, self_, seed);
+  Result<DecodedHeader> h = DecodedHeader::Decode(loaded[0]);
+  if (!h.ok() || h->get().getBody().which() != wire::Header::Body::SEED_REPLY) return loaded;
+  shadows_[primary] = std::move(core).value();
+  LOG(WARNING) << "server " << self_ << ": backs up the shards of server " << primary
+               << " again (a whole copy of " << seed[1].size() << " bytes)";
+  capnp::MallocMessageBuilder b;
+  NewHeader(b, request_id, self_).getBody().setReplicateReply();
+  Frames reply;
+  reply.push_back(EncodeFrame(b));
+  return reply;
+}
+
+size_t BackupStore::Unpromote(int primary) {
+  auto it = promoted_.find(primary);
+  if (it == promoted_.end()) return 0;
+  const size_t dropped = it->second->DropHeldPulls();
+  promoted_.erase(it);
+  LOG(WARNING) << "server " << self_ << ": handed the shards of server " << primary
+               << " back to it; holds their copy again (" << dropped << " held pulls dropped)";
+  return dropped;
 }
 
 std::vector<int> BackupStore::primaries() const {

@@ -9,9 +9,24 @@
 //
 // Failover: when primary p dies, the coordinator sends its backup a `promote` message;
 // from then on the backup serves p's shards from the shadow core (requests whose header
-// names targetServer = p), without a backup of their own: a second failure of those
-// shards loses them. Workers learn the new endpoint of p from their heartbeat replies and
-// resend what p had not answered, with the same request ids (worker/kv_client.h).
+// names targetServer = p). Workers learn the new endpoint of p from their heartbeat
+// replies and resend what p had not answered, with the same request ids
+// (worker/kv_client.h).
+//
+// Re-replication: after a failover p's shards have one copy (on its backup B), and so do
+// the shards p backed up (its predecessor's). When a ps_server restarts as p (it registers
+// while the job runs; the coordinator answers it `rejoin`), the coordinator sends B a
+// `rereplicate` with handBack: B stops serving p's shards, saves their whole state
+// (ServerCore::SaveReplica: rows, optimizer state, spilled rows, clocks, the exactly-once
+// table) and sends it to the new p as a `seed`; once p loaded it, B keeps its copy as p's
+// backup again (it is no longer promoted), drops the pulls it held for p, and no longer
+// answers requests for p's shards; the workers, redirected to p, resend them there. p serves
+// its shards again and forwards to B as before. Then the predecessor of p (if alive) gets a
+// `rereplicate` for its own shards: it sends its state to p as the first forward of a new
+// link, and forwards to p from then on. The chain is whole again: every shard has two
+// copies, and the job survives the next failure of any server.
+// While B makes the snapshot and p loads it, B serves nothing (the pause is measured and
+// reported); a failure of B in that window loses p's shards (both copies down).
 //
 // Thread model: BackupStore and BackupLink are not thread-safe; the server's request loop
 // owns both.
@@ -37,8 +52,9 @@ int BackupOf(const JobConfig& config, int primary);
 // an evict (they go to the backup), kReplicate for a primary's forwarded request, kOther
 // for the rest. A request that does not decode is kOther (the primary refuses it and
 // changes nothing).
-// kPromote: the coordinator's `promote`.
-enum class RequestKind { kOther, kChangesState, kReplicate, kPromote };
+// kPromote: the coordinator's `promote`; kRereplicate its `rereplicate`; kSeed: a
+// whole copy of this server's own shards (a hand back).
+enum class RequestKind { kOther, kChangesState, kReplicate, kPromote, kRereplicate, kSeed };
 RequestKind Classify(const Frames& request);
 
 // The header's targetServer (-1: none, or a request that does not decode).
@@ -48,6 +64,12 @@ int TargetServer(const Frames& request);
 // the request's frames (moved in: share them with ShareFrames to keep the request).
 Frames WrapForBackup(int primary, uint64_t request_id, Frames request);
 
+// A `seed` message with the whole state of `core` (its server's shards), and the
+// snapshot's size in *bytes.
+Result<Frames> SeedMessage(ServerCore& core, uint64_t request_id, size_t* bytes);
+// Loads a `seed` message into `core` (fresh, of the seed's server); the reply to send.
+Frames LoadSeed(ServerCore& core, int self, const Frames& message);
+
 // The backup side: shadow cores of the primaries this server backs up.
 class BackupStore {
  public:
@@ -55,7 +77,8 @@ class BackupStore {
   // that this server backs up (BackupOf(primary) == self).
   BackupStore(JobConfig config, int self, StoreOptions store = {});
 
-  // Applies a `replicate` message to the shadow of its primary. The reply is
+  // Applies a `replicate` message to the shadow of its primary (a forwarded `seed`
+  // replaces the shadow with a new one made from it). The reply is
   // replicateReply, or an error (not a backup of that primary, bad message). Replies the
   // shadow would send to workers are dropped: the primary answers them.
   Frames Handle(Frames& message);
@@ -74,6 +97,10 @@ class BackupStore {
   Frames HandlePromote(Frames& message);
   // The promoted core serving `primary`'s shards, nullptr when not promoted.
   ServerCore* promoted(int primary);
+  // A hand back (re-replication, above): the promoted copy of `primary`'s shards becomes its
+  // shadow again, fed by `replicate` messages from the restarted primary; the pulls it
+  // held are dropped. Returns how many. No-op when not promoted.
+  size_t Unpromote(int primary);
   bool is_promoted(int primary) const { return promoted_.count(primary) > 0; }
   bool any_promoted() const { return !promoted_.empty(); }
   std::vector<ServerCore*> promoted_cores();
@@ -90,6 +117,8 @@ class BackupStore {
   // this server backs up into *to; or the error reply to send.
   std::optional<Frames> Address(const Frames& message, wire::Header::Body::Which which,
                                 size_t min_frames, Addressed* to) const;
+  // A forwarded seed: `primary`'s copy is made anew from it; the reply to the primary.
+  Frames Reseed(int primary, uint64_t request_id, const Frames& seed);
   // The copy of `primary`'s shards, created (as the job starts them, or restored from the
   // job's checkpoint) on first use.
   Result<ServerCore*> Shadow(int primary);
@@ -130,6 +159,7 @@ class BackupLink {
   // The coordinator declared the backup dead (it promoted it): stop forwarding and release
   // the held replies now instead of after the timeout.
   void Abandon(const Status& why) { MarkDown(why); }
+  std::chrono::milliseconds timeout() const { return timeout_; }
   zmq::socket_ref PollHandle() { return socket_->PollHandle(); }
 
  private:

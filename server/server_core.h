@@ -48,6 +48,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/job_config.h"
@@ -216,6 +217,22 @@ class ServerCore {
     return worker >= 0 && static_cast<size_t>(worker) < evicted_.size() &&
            evicted_[static_cast<size_t>(worker)];
   }
+  // Replica snapshots (server/replication.h): everything that decides how this core answers
+  // and applies the requests to come, as bytes: the rows with their optimizer state
+  // (spilled rows included), the clock table, the shard versions, the job's progress for
+  // the lr schedule, the exactly-once table, the evicted workers. Pending --softsync sums
+  // are applied first (as before a checkpoint). Held pulls are not in it: their senders
+  // resend them to wherever the copy is served. Counters (stats) stay with each process.
+  Status SaveReplica(std::string* out);
+  // Takes on the state of a snapshot. REQUIRES of the caller: this core is fresh (it has
+  // applied nothing). A snapshot of another server or of another job's shape, or a
+  // truncated one, is refused (InvalidArgument); a core that refused one may hold part of
+  // it and is to be discarded.
+  Status LoadReplica(std::string_view snapshot);
+  // Forgets the held pulls without answering them (their shards are served elsewhere from
+  // now on, and the workers resend them there); returns how many.
+  size_t DropHeldPulls();
+
   // For tests: the stored values of one row (width floats), or NotFound.
   Result<std::vector<float>> ReadRow(uint32_t table, uint64_t key);
 

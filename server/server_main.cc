@@ -117,5 +117,9 @@ int main(int argc, char** argv) {
     LOG(ERROR) << "ps_server: " << s.ToString();
     return 1;
   }
+  // Stopped by a signal after handing its shards to its backup (--replicas=2): 128 + 15, as
+  // a shell reports a process ended by SIGTERM, so that a launcher starts it again (it
+  // takes its shards back) while a server the job shut down exits 0.
+  if (g_stop.load()) return 128 + SIGTERM;
   return 0;
 }

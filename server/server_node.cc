@@ -5,6 +5,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 
 #include "common/heartbeat.h"
 #include "common/registration.h"
@@ -105,7 +106,11 @@ void ReportToCoordinator(ClientSocket& coordinator, ServerCore& core, uint64_t* 
 class RequestLoop {
  public:
   RequestLoop(ServerSocket& socket, ServerCore& core, const ServeOptions& options)
-      : socket_(socket), core_(core), options_(options), link_(options.backup_link) {
+      : socket_(socket),
+        core_(core),
+        options_(options),
+        link_(options.backup_link),
+        awaiting_seed_(options.awaiting_seed) {
     // Pull replies are built where the socket sends them from (a peer's shared-memory ring
     // on ipc://); every reply goes out through `socket` on this thread.
     core_.set_frame_allocator(
@@ -137,6 +142,13 @@ class RequestLoop {
   // A request for shards this server does not serve (another server's, not promoted here).
   void RefuseForeign(const Incoming& in, int target);
   void Promote(Incoming& in);
+  // Re-replication (server/replication.h): the coordinator's `rereplicate`, and a restarted
+  // server's own shards arriving (`seed`).
+  void Rereplicate(Incoming& in);
+  Result<Frames> RereplicateReply(const Frames& request);
+  Status HandBack(int primary, const std::string& endpoint, size_t* bytes);
+  Status Relink(int primary, const std::string& endpoint, size_t* bytes);
+  void SeedSelf(Incoming& in);
   // After a failover: a request for the shards of dead primary `target`, promoted here.
   void ServePromoted(ServerCore& promoted, int target, Incoming& in);
   void ExpireHeldPulls(std::vector<Outgoing>* out);
@@ -150,7 +162,10 @@ class RequestLoop {
   ServerSocket& socket_;
   ServerCore& core_;
   const ServeOptions& options_;
-  BackupLink* const link_;
+  BackupLink* link_;  // replaced by Relink
+  bool awaiting_seed_;
+  Status seed_failed_;          // a seed that did not load ends the loop
+  std::set<int> handed_back_;   // primaries whose shards this server handed back
   std::deque<HeldReply> held_;  // in arrival order
   std::vector<Outgoing> ready_;
   uint64_t report_id_ = 0;
@@ -172,6 +187,7 @@ Status RequestLoop::Run(const std::atomic<bool>& stop) {
     out.clear();
     if (in.ok()) {
       if (!Dispatch(*in, &out, &after)) continue;
+      if (!seed_failed_.ok()) return seed_failed_;
     } else if (in.status().code() != StatusCode::kDeadlineExceeded) {
       return in.status();
     }
@@ -238,6 +254,14 @@ bool RequestLoop::Dispatch(Incoming& in, std::vector<Outgoing>* out, ServerCore:
   BackupStore* backups = options_.backups;
   const RequestKind kind =
       (backups != nullptr || link_ != nullptr) ? Classify(in.frames) : RequestKind::kOther;
+  if (kind == RequestKind::kRereplicate) {
+    Rereplicate(in);
+    return true;
+  }
+  if (kind == RequestKind::kSeed) {
+    SeedSelf(in);
+    return true;
+  }
   // After a failover, requests for a dead primary's shards go to its promoted core.
   ServerCore* promoted = nullptr;
   int target = -1;
@@ -246,6 +270,8 @@ bool RequestLoop::Dispatch(Incoming& in, std::vector<Outgoing>* out, ServerCore:
     if (target >= 0 && target != core_.server_id()) {
       promoted = backups->promoted(target);
       if (promoted == nullptr) {
+        // Handed back: the sender is redirected to the restarted server and resends it there.
+        if (handed_back_.count(target) > 0) return false;
         RefuseForeign(in, target);
         return false;
       }
@@ -309,6 +335,117 @@ void RequestLoop::Promote(Incoming& in) {
     }
   }
   Send(ack);
+}
+
+void RequestLoop::Rereplicate(Incoming& in) {
+  std::vector<Outgoing> reply;
+  Result<Frames> answer = RereplicateReply(in.frames);
+  if (!answer.ok()) {
+    LOG(ERROR) << Who() << ": re-replication failed: " << answer.status().ToString();
+    answer = ErrorReply(0, core_.server_id(), answer.status());
+  }
+  reply.push_back(Outgoing{in.peer, std::move(answer).value()});
+  Send(reply);
+}
+
+Result<Frames> RequestLoop::RereplicateReply(const Frames& request) {
+  uint64_t rid = 0;
+  int primary = -1;
+  std::string endpoint;
+  bool hand_back = false;
+  PS_ASSIGN_OR_RETURN(DecodedHeader h, DecodedHeader::Decode(request[0]));
+  try {
+    rid = h.get().getRequestId();
+    auto r = h.get().getBody().getRereplicate();
+    primary = r.getPrimary();
+    endpoint = r.getEndpoint().cStr();
+    hand_back = r.getHandBack();
+  } catch (const std::exception& e) {
+    return InvalidArgument(std::string("bad rereplicate message: ") + e.what());
+  }
+  const auto start = ServerCore::Clock::now();
+  size_t bytes = 0;
+  Status s = hand_back ? HandBack(primary, endpoint, &bytes) : Relink(primary, endpoint, &bytes);
+  if (!s.ok()) return ErrorReply(rid, core_.server_id(), s);
+  const double seconds = std::chrono::duration<double>(ServerCore::Clock::now() - start).count();
+  LOG(WARNING) << Who() << ": sent a whole copy of server " << primary << "'s shards (" << bytes
+               << " bytes, " << seconds << " s) to " << endpoint;
+  capnp::MallocMessageBuilder b;
+  auto r = NewHeader(b, rid, core_.server_id()).getBody().initRereplicateReply();
+  r.setBytes(bytes);
+  r.setSeconds(seconds);
+  Frames f;
+  f.push_back(EncodeFrame(b));
+  return f;
+}
+
+// The restarted primary loads the copy this server served from; then this server holds it
+// as that primary's backup again (server/replication.h).
+Status RequestLoop::HandBack(int primary, const std::string& endpoint, size_t* bytes) {
+  BackupStore* backups = options_.backups;
+  if (backups == nullptr || options_.transport == nullptr) {
+    return FailedPrecondition(Who() + " runs without replication");
+  }
+  ServerCore* copy = backups->promoted(primary);
+  if (copy == nullptr) {
+    return FailedPrecondition(Who() + " does not serve the shards of server " +
+                              std::to_string(primary));
+  }
+  PS_ASSIGN_OR_RETURN(Frames seed, SeedMessage(*copy, 1, bytes));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> to, options_.transport->Connect(endpoint));
+  PS_ASSIGN_OR_RETURN(CallReply reply, Call(*to, std::move(seed), options_.seed_timeout));
+  if (reply.header.get().getBody().which() != wire::Header::Body::SEED_REPLY) {
+    return Internal("the restarted server " + endpoint + " answered a seed with another message");
+  }
+  backups->Unpromote(primary);
+  handed_back_.insert(primary);
+  return Status::Ok();
+}
+
+// This server's backup was restarted: a new link to it, whose first forward is the whole
+// state of this server's shards.
+Status RequestLoop::Relink(int primary, const std::string& endpoint, size_t* bytes) {
+  if (primary != core_.server_id()) {
+    return InvalidArgument(Who() + " was asked to send server " + std::to_string(primary) +
+                           "'s shards to their backup: only a primary sends its own");
+  }
+  if (options_.relink == nullptr || options_.transport == nullptr) {
+    return FailedPrecondition(Who() + " runs without replication");
+  }
+  if (link_ != nullptr && !link_->down()) {
+    return FailedPrecondition(Who() + "'s backup is alive: it needs no new copy");
+  }
+  if (link_ != nullptr) ReleaseAcknowledged();  // a link that is down holds nothing back
+  PS_ASSIGN_OR_RETURN(Frames seed, SeedMessage(core_, 0, bytes));
+  PS_ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> to, options_.transport->Connect(endpoint));
+  const auto timeout = link_ != nullptr ? link_->timeout() : options_.seed_timeout;
+  auto link = std::make_unique<BackupLink>(std::move(to), core_.server_id(), timeout);
+  PS_RETURN_IF_ERROR(link->Send(std::move(seed)).status());
+  *options_.relink = std::move(link);
+  link_ = options_.relink->get();
+  return Status::Ok();
+}
+
+void RequestLoop::SeedSelf(Incoming& in) {
+  std::vector<Outgoing> reply;
+  if (!awaiting_seed_) {
+    reply.push_back(Outgoing{
+        in.peer, ErrorReply(0, core_.server_id(),
+                            FailedPrecondition(Who() + " serves its shards already: a seed is "
+                                                       "for a restarted server"))});
+  } else {
+    Frames loaded = LoadSeed(core_, core_.server_id(), in.frames);
+    Result<DecodedHeader> h = DecodedHeader::Decode(loaded[0]);
+    if (h.ok() && h->get().getBody().which() == wire::Header::Body::SEED_REPLY) {
+      awaiting_seed_ = false;
+      LOG(WARNING) << Who() << ": serves its shards again (a whole copy of "
+                   << in.frames.back().size() << " bytes from its backup)";
+    } else {
+      seed_failed_ = FailedPrecondition(Who() + ": the copy of its shards did not load");
+    }
+    reply.push_back(Outgoing{in.peer, std::move(loaded)});
+  }
+  Send(reply);
 }
 
 void RequestLoop::ServePromoted(ServerCore& promoted, int target, Incoming& in) {
@@ -402,7 +539,13 @@ Result<Registration> RegisterServer(const ServerOptions& options, Transport* tra
   PS_ASSIGN_OR_RETURN(Registration reg, RegisterWithCoordinator(transport, options.coordinator, req,
                                                                 options.register_timeout));
   LOG(INFO) << "registered as server " << reg.id << " of " << reg.config.num_servers;
-  if (reg.replacement) {
+  if (reg.rejoin) {
+    // Restarting a dead server whose backup serves its shards (--replicas=2): they come
+    // from that backup (a seed), not from a checkpoint.
+    reg.config.restore.clear();
+    LOG(WARNING) << "server " << reg.id
+                 << " restarts a dead server; its backup sends it its shards";
+  } else if (reg.replacement) {
     // Replacing a dead server (--replicas=1): its shards come from the coordinator's latest
     // recorded checkpoint set, not from the job's own --restore.
     reg.config.restore = reg.restore_set;
@@ -576,6 +719,9 @@ Status RunServer(const ServerOptions& options, Transport* transport,
   serve.metrics = metrics ? &*metrics : nullptr;
   serve.backups = backups ? &*backups : nullptr;
   serve.backup_link = backup_link.get();
+  serve.transport = transport;
+  serve.relink = &backup_link;
+  serve.awaiting_seed = reg.rejoin;
   serve.heartbeat = heartbeat.get();
   Status s = ServeUntilShutdown(*socket, *core, stop, serve);
   if (s.code() == StatusCode::kAborted && reg.config.replicas >= 2 && stop.load()) {

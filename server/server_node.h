@@ -72,6 +72,17 @@ struct ServeOptions {
   // core applied it, and its replies wait until the backup acknowledged it. When the backup
   // stops answering, the server logs it and goes on without replication. nullptr: none.
   BackupLink* backup_link = nullptr;
+  // Re-replication (server/replication.h): `transport` connects to a restarted server (a
+  // hand back, a new backup); `relink` owns backup_link and takes the link to a restarted
+  // backup in its place. nullptr: `rereplicate` messages are refused.
+  Transport* transport = nullptr;
+  std::unique_ptr<BackupLink>* relink = nullptr;
+  // How long a hand back may wait for the restarted server to load the shards.
+  std::chrono::milliseconds seed_timeout{30000};
+  // This server restarts a dead one (--replicas=2, RegisterReply.rejoin): `core` is empty
+  // until the backup that served its shards sends them (a `seed`); a seed that does not
+  // load ends the loop with its error.
+  bool awaiting_seed = false;
   // When its replies say this server was declared dead and replaced (--replicas=1), the
   // loop ends with FailedPrecondition. nullptr: not asked.
   const HeartbeatSender* heartbeat = nullptr;

@@ -342,5 +342,96 @@ TEST_F(FailoverTest, AKilledPrimaryServerFailsOverToItsBackup) {
   EXPECT_GT(summary.value("test_accuracy", 0.0), 0.5) << "the model trained";
 }
 
+// Re-replication (server/replication.h): a killed server is started again; its backup,
+// which served its shards meanwhile, hands them back, and the predecessor sends it a copy of
+// its own, so that the job survives the next kill too. With two servers: kill -9 server 0
+// and restart it, then the same for server 1 (whose shards' only other copy is the one the
+// restarted server 0 received). Without re-replication the second kill would lose shards.
+// As above, BSP with one worker is deterministic: the final test loss equals, bit for bit,
+// the unfaulted run's (no acknowledged push lost, none applied twice, the copies exact).
+TEST_F(FailoverTest, ARestartedServerTakesItsShardsBackAndTheJobSurvivesTheNextKill) {
+  SKIP_WITHOUT_FASHION_MNIST();
+  const std::vector<std::string> job = {"--num_servers=2",
+                                        "--num_workers=1",
+                                        "--epochs=5",
+                                        "--mlp_layers=784,32,10",
+                                        "--staleness=0",
+                                        "--replicas=2",
+                                        "--chunk_examples=4096",
+                                        "--base_lr=0.005",
+                                        "--optimizer=adam",
+                                        "--report_every_seconds=0.2",
+                                        "--heartbeat_timeout=" + std::to_string(kHeartbeatTimeout)};
+  auto start = [&] {
+    deadline_ = itest::DeadlineIn(kJobTimeout);
+    servers_.clear();
+    workers_.clear();
+    Result<itest::ChildProcess> c = StartCoordinator(job, deadline_, &endpoint_);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    coordinator_.emplace(std::move(c).value());
+    for (int s = 0; s < 2; ++s) {
+      Result<itest::ChildProcess> p = StartServer(s, endpoint_, {"--id=" + std::to_string(s)});
+      ASSERT_TRUE(p.ok()) << p.status().ToString();
+      servers_.push_back(std::move(p).value());
+    }
+    StartWorker(0);
+  };
+  ASSERT_NO_FATAL_FAILURE(start());
+  const json reference = FinishJob();
+  ExpectCleanExit(workers_[0], "worker", deadline_);
+  for (auto& s : servers_) ExpectCleanExit(s, "server", deadline_);
+  ASSERT_EQ(reference.value("status", ""), "ok");
+  std::filesystem::rename(RunDir(), RunDir() + "-reference");
+
+  ASSERT_NO_FATAL_FAILURE(start());
+  ASSERT_TRUE(WaitForTraining(0)) << "worker 0 never trained";
+  for (int victim = 0; victim < 2; ++victim) {
+    const double killed_at = UnixNow();
+    ASSERT_EQ(kill(servers_[static_cast<size_t>(victim)].pid(), SIGKILL), 0);
+    EXPECT_TRUE(servers_[static_cast<size_t>(victim)].WaitExit(deadline_).ok());
+    // Started again at once, as the launcher does: it waits until the old one is declared
+    // dead, then gets its shards back.
+    Result<itest::ChildProcess> p =
+        StartServer(10 + victim, endpoint_, {"--id=" + std::to_string(victim)});
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    servers_[static_cast<size_t>(victim)] = std::move(p).value();
+    Result<json> whole = WaitForFailure(
+        endpoint_, *coordinator_,
+        [victim](const json& f) {
+          return f.value("kind", "") == "server_lost" && f.value("server", -1) == victim &&
+                 f.contains("rereplicated_unix_time");
+        },
+        deadline_);
+    ASSERT_TRUE(whole.ok()) << "server " << victim
+                            << " did not get its shards back: " << whole.status().ToString();
+    std::printf(
+        "server %d kill -9: promoted its backup after %.2f s, two copies again after %.2f s "
+        "(hand back %llu bytes with a %.3f s pause, the predecessor's copy %llu bytes)\n",
+        victim, whole->value("promoted_unix_time", 0.0) - killed_at,
+        whole->value("rereplicated_unix_time", 0.0) - killed_at,
+        static_cast<unsigned long long>(whole->value("handback_bytes", uint64_t{0})),
+        whole->value("handback_pause_seconds", 0.0),
+        static_cast<unsigned long long>(whole->value("predecessor_copy_bytes", uint64_t{0})));
+    EXPECT_GT(whole->value("handback_bytes", uint64_t{0}), 10000u) << whole->dump();
+    EXPECT_GT(whole->value("predecessor_copy_bytes", uint64_t{0}), 10000u) << whole->dump();
+    ASSERT_FALSE(coordinator_->TryReap()) << "the job ended before the faults were done";
+  }
+  json summary = FinishJob();
+  ExpectCleanExit(workers_[0], "worker", deadline_);
+  for (auto& s : servers_) ExpectCleanExit(s, "restarted server", deadline_);
+  ExpectEveryEpochCoveredOnce(summary, 5);
+  EXPECT_EQ(summary.value("pushes_rolled_back", uint64_t{1}), 0u) << summary.dump();
+  for (int s = 0; s < 2; ++s) {
+    // Both restarted servers serve their own shards at the end (not "lost").
+    EXPECT_EQ(summary["servers"][s].value("state", "serving"), "serving")
+        << summary["servers"].dump();
+  }
+  std::printf("test loss %.9g (without the kills %.9g)\n", summary.value("test_loss", 0.0),
+              reference.value("test_loss", 0.0));
+  EXPECT_EQ(summary.value("test_loss", 0.0), reference.value("test_loss", 1.0));
+  EXPECT_EQ(summary.value("test_accuracy", 0.0), reference.value("test_accuracy", 1.0));
+  EXPECT_GT(summary.value("test_accuracy", 0.0), 0.5) << "the model trained";
+}
+
 }  // namespace
 }  // namespace ps
