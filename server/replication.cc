@@ -174,12 +174,45 @@ Frames BackupStore::Handle(Frames& message) {
   }
   Frames request(std::make_move_iterator(message.begin() + 1),
                  std::make_move_iterator(message.end()));
-  if (Classify(request) == RequestKind::kSeed) return Reseed(primary, request_id, request);
+  if (Classify(request) == RequestKind::kSeed) {
+    Frames reply = Reseed(primary, request_id, request);
+    last_seq_[primary] = request_id;
+    return reply;
+  }
+  // A link's forwards are numbered 1, 2, ... and applied in that order; an acknowledgement
+  // covers everything before it, so a gap would go unnoticed by the primary: refused, which
+  // takes this copy out of the chain (the primary's link goes down, and it logs why).
+  auto last = last_seq_.find(primary);
+  const uint64_t expected = last == last_seq_.end() ? 1 : last->second + 1;
+  if (request_id != expected) {
+    return ErrorReply(
+        request_id, self_,
+        FailedPrecondition("server " + std::to_string(self_) + " got forward " +
+                           std::to_string(request_id) + " from server " + std::to_string(primary) +
+                           ", expected " + std::to_string(expected) + ": its copy is incomplete"));
+  }
+  last_seq_[primary] = request_id;
   Result<ServerCore*> shadow = Shadow(primary);
   if (!shadow.ok()) return ErrorReply(request_id, self_, shadow.status());
   std::vector<Outgoing> dropped;
   ServerCore::After after = ServerCore::After::kContinue;
   (*shadow)->Handle("primary", request, &dropped, &after);
+  // The copy answers as the primary did (the same request on the same state), so an error
+  // here is one the primary sent too, unless the copy has drifted from it: logged, since a
+  // drifted copy is found out only when it is promoted.
+  for (const Outgoing& o : dropped) {
+    Result<DecodedHeader> h = DecodedHeader::Decode(o.frames[0]);
+    if (h.ok() && h->get().getBody().which() == wire::Header::Body::ERROR &&
+        refusals_logged_ < 20) {
+      ++refusals_logged_;
+      const ServerStats st = (*shadow)->stats();
+      LOG(WARNING) << "server " << self_ << ": its copy of server " << primary
+                   << "'s shards refused a forwarded request: "
+                   << StatusFromError(h->get().getBody().getError()).ToString()
+                   << " (copy: " << st.pushes_applied << " pushes applied, " << st.pushes_duplicate
+                   << " retries answered again)";
+    }
+  }
   capnp::MallocMessageBuilder b;
   NewHeader(b, request_id, self_).getBody().setReplicateReply();
   Frames reply;
@@ -201,7 +234,8 @@ Frames BackupStore::Reseed(int primary, uint64_t request_id, const Frames& seed)
   if (!h.ok() || h->get().getBody().which() != wire::Header::Body::SEED_REPLY) return loaded;
   shadows_[primary] = std::move(core).value();
   LOG(WARNING) << "server " << self_ << ": backs up the shards of server " << primary
-               << " again (a whole copy of " << seed[1].size() << " bytes)";
+               << " again (a whole copy of " << seed[1].size() << " bytes, table 0 at version "
+               << shadows_[primary]->shard_version(0) << ")";
   capnp::MallocMessageBuilder b;
   NewHeader(b, request_id, self_).getBody().setReplicateReply();
   Frames reply;
@@ -214,6 +248,7 @@ size_t BackupStore::Unpromote(int primary) {
   if (it == promoted_.end()) return 0;
   const size_t dropped = it->second->DropHeldPulls();
   promoted_.erase(it);
+  last_seq_.erase(primary);  // the restarted primary's link numbers its forwards from 1
   LOG(WARNING) << "server " << self_ << ": handed the shards of server " << primary
                << " back to it; holds their copy again (" << dropped << " held pulls dropped)";
   return dropped;

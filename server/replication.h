@@ -128,6 +128,8 @@ class BackupStore {
   StoreOptions store_;
   std::map<int, std::unique_ptr<ServerCore>> shadows_;
   std::map<int, ServerCore*> promoted_;  // primary -> its shadow, now served
+  int refusals_logged_ = 0;              // errors of shadows, logged (the first 20)
+  std::map<int, uint64_t> last_seq_;     // primary -> the last forward applied (its number)
 };
 
 // The primary side: one connection to the backup. Forwarding is asynchronous so that two

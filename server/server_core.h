@@ -175,6 +175,10 @@ class ServerCore {
   size_t shards_held() const;
   void set_limits(const RequestLimits& limits) { limits_ = limits; }
   int server_id() const { return server_id_; }
+  // Pushes applied to this server's shard of table `table` (0 for an unknown table).
+  uint64_t shard_version(uint32_t table) const {
+    return table < shard_version_.size() ? shard_version_[table] : 0;
+  }
   size_t held_pulls() const { return held_.size(); }
   int64_t worker_clock(int worker) const { return clocks_.at(static_cast<size_t>(worker)); }
   const ShardMap& shard_map() const { return shard_map_; }
@@ -221,8 +225,9 @@ class ServerCore {
   // and applies the requests to come, as bytes: the rows with their optimizer state
   // (spilled rows included), the clock table, the shard versions, the job's progress for
   // the lr schedule, the exactly-once table, the evicted workers. Pending --softsync sums
-  // are applied first (as before a checkpoint). Held pulls are not in it: their senders
-  // resend them to wherever the copy is served. Counters (stats) stay with each process.
+  // are applied first, short of c pushes or not (a smaller update here too). Held pulls are not in
+  // it: their senders resend them to wherever the copy is served. Counters (stats) stay with each
+  // process.
   Status SaveReplica(std::string* out);
   // Takes on the state of a snapshot. REQUIRES of the caller: this core is fresh (it has
   // applied nothing). A snapshot of another server or of another job's shape, or a

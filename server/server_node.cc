@@ -369,7 +369,8 @@ Result<Frames> RequestLoop::RereplicateReply(const Frames& request) {
   if (!s.ok()) return ErrorReply(rid, core_.server_id(), s);
   const double seconds = std::chrono::duration<double>(ServerCore::Clock::now() - start).count();
   LOG(WARNING) << Who() << ": sent a whole copy of server " << primary << "'s shards (" << bytes
-               << " bytes, " << seconds << " s) to " << endpoint;
+               << " bytes, " << seconds << " s; own table 0 at version " << core_.shard_version(0)
+               << ") to " << endpoint;
   capnp::MallocMessageBuilder b;
   auto r = NewHeader(b, rid, core_.server_id()).getBody().initRereplicateReply();
   r.setBytes(bytes);
@@ -412,10 +413,13 @@ Status RequestLoop::Relink(int primary, const std::string& endpoint, size_t* byt
   if (options_.relink == nullptr || options_.transport == nullptr) {
     return FailedPrecondition(Who() + " runs without replication");
   }
-  if (link_ != nullptr && !link_->down()) {
-    return FailedPrecondition(Who() + "'s backup is alive: it needs no new copy");
+  if (link_ != nullptr) {
+    // The coordinator restarted the backup, so the old one is dead, whether or not this
+    // link has noticed yet (it notices only with a forward left unacknowledged): what the
+    // old link held back goes out, as when a backup is lost.
+    link_->Abandon(Unavailable("the backup was restarted at " + endpoint));
+    ReleaseAcknowledged();
   }
-  if (link_ != nullptr) ReleaseAcknowledged();  // a link that is down holds nothing back
   PS_ASSIGN_OR_RETURN(Frames seed, SeedMessage(core_, 0, bytes));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> to, options_.transport->Connect(endpoint));
   const auto timeout = link_ != nullptr ? link_->timeout() : options_.seed_timeout;

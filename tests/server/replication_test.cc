@@ -182,9 +182,19 @@ TEST(ReplicationTest, ABackupRefusesWhatIsNotItsPrimarysAndBadMessages) {
   Frames empty;
   EXPECT_FALSE(ReplyStatus(backup.Handle(empty)).ok());
   // A forwarded request the shadow refuses (a bad push) changes nothing there.
-  Frames bad = WrapForBackup(1, 2, KeyPush(3, 7, {1}, {1, 2}));
+  Frames bad = WrapForBackup(1, 1, KeyPush(3, 7, {1}, {1, 2}));
   EXPECT_TRUE(ReplyStatus(backup.Handle(bad)).ok());
   ASSERT_NE(backup.shadow(1), nullptr);
+  EXPECT_EQ(backup.shadow(1)->stats().pushes_applied, 0u);
+  // Forwards are numbered 1, 2, ...: one missing (3 after 1) would leave the copy behind
+  // while the next acknowledgement covered it, so it is refused, and so is a repeat.
+  Frames skipped = WrapForBackup(1, 3, KeyPush(4, 1, {1}, {1, 2}));
+  Status gap = ReplyStatus(backup.Handle(skipped));
+  EXPECT_EQ(gap.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(gap.message().find("got forward 3 from server 1, expected 2"), std::string::npos)
+      << gap.ToString();
+  Frames again = WrapForBackup(1, 1, KeyPush(5, 1, {1}, {1, 2}));
+  EXPECT_EQ(ReplyStatus(backup.Handle(again)).code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(backup.shadow(1)->stats().pushes_applied, 0u);
 }
 
