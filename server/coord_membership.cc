@@ -161,6 +161,12 @@ bool Membership::OnAlive(bool server, int id, uint32_t pid, CoordClock::time_poi
   return evicted;
 }
 
+void Membership::ForgiveStall(CoordClock::duration stall) {
+  for (std::vector<Member>* role : {&servers_, &workers_}) {
+    for (Member& m : *role) m.last_seen += stall;
+  }
+}
+
 void Membership::Touch(int worker, CoordClock::time_point now) {
   workers_[static_cast<size_t>(worker)].last_seen = now;
 }

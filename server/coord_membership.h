@@ -112,6 +112,9 @@ class Membership {
   // Servers silent past the timeout not reported before; marks them reported.
   std::vector<int> TakeSilentServers(CoordClock::time_point now);
   double SilentSeconds(const Member& m, CoordClock::time_point now) const;
+  // The coordinator itself read no heartbeat for `stall` (it waited on a server, e.g. a
+  // re-replication, or was descheduled): that time does not count as anyone's silence.
+  void ForgiveStall(CoordClock::duration stall);
 
   // ---- state ----
   bool Gone(size_t w) const { return workers_[w].dead || workers_[w].left; }

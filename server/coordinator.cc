@@ -391,6 +391,16 @@ Status CoordinatorJob::OnAlive(const std::string& peer, uint64_t rid, wire::Aliv
 // only the evaluator matters), and every silent server.
 Status CoordinatorJob::CheckHeartbeats() {
   const auto now = Clock::now();
+  // Beats that arrived while this loop was held up (a blocking call to a server, such as a
+  // re-replication, or the process descheduled) are still queued: not silence.
+  const auto stall = now - last_heartbeat_check_ - options_.poll_interval;
+  if (last_heartbeat_check_ != Clock::time_point{} && stall > std::chrono::seconds(1)) {
+    LOG(WARNING) << "coordinator: read no message for "
+                 << std::chrono::duration<double>(stall).count()
+                 << " s; that time does not count towards anyone's heartbeat timeout";
+    members_.ForgiveStall(stall);
+  }
+  last_heartbeat_check_ = now;
   for (int w : members_.SilentWorkers(now, barrier_released_ ? final_evaluator_ : -1)) {
     if (members_.Gone(static_cast<size_t>(w)) || (barrier_released_ && w != final_evaluator_)) {
       continue;  // a removal before it changed the picture

@@ -137,6 +137,9 @@ class CoordinatorJob {
   bool barrier_released_ = false;
   int final_evaluator_ = -1;
   CoordClock::time_point barrier_time_;
+  // When CheckHeartbeats last ran: a longer gap than the poll interval is the loop's own
+  // stall, forgiven to every process (Membership::ForgiveStall).
+  CoordClock::time_point last_heartbeat_check_{};
   // Restart: the journal, the parts as last written, and this process's incarnation
   // (Unix ns at its start; heartbeat replies carry it).
   std::unique_ptr<CoordJournal> journal_;

@@ -105,6 +105,23 @@ TEST(CoordMembership, HeartbeatExpiryWithAnInjectedClock) {
   EXPECT_DOUBLE_EQ(m.SilentSeconds(m.servers()[1], t0 + seconds(8)), 5.0);
 }
 
+TEST(CoordMembership, TheCoordinatorsOwnStallIsNobodysSilence) {
+  Membership m(Options(1, 2));
+  ASSERT_TRUE(m.AddServer(M("s0")).ok());
+  for (const char* p : {"w0", "w1"}) ASSERT_TRUE(m.AddWorker(M(p)).ok());
+  const CoordClock::time_point t0 = CoordClock::now();
+  ASSERT_TRUE(m.Assemble(t0).ok());
+  m.Touch(1, t0 + seconds(2));
+  // The coordinator waited 10 s on something at t0 + 3 s: the beats of then were not read.
+  m.ForgiveStall(seconds(10));
+  EXPECT_TRUE(m.SilentWorkers(t0 + seconds(13)).empty());
+  EXPECT_TRUE(m.TakeSilentServers(t0 + seconds(13)).empty());
+  // Silence after the stall counts as before: worker 0 last beat at t0 (+10 s forgiven).
+  EXPECT_EQ(m.SilentWorkers(t0 + seconds(15)), (std::vector<int>{0}));
+  EXPECT_EQ(m.TakeSilentServers(t0 + seconds(15)), (std::vector<int>{0}));
+  EXPECT_EQ(m.SilentWorkers(t0 + seconds(17)), (std::vector<int>{0, 1}));
+}
+
 TEST(CoordMembership, GoneWorkersAreEvictedAndTheEvaluatorMoves) {
   Membership m(Options(1, 3));
   ASSERT_TRUE(m.AddServer(M("s0")).ok());
