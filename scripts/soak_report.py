@@ -5,10 +5,12 @@ faults.
 
     scripts/soak_report.py RUN_DIR [SECONDS]
 
-Reads RUN_DIR/kills.tsv, RUN_DIR/job-*/summary.json and RUN_DIR/clean/summary.json. Kills
-are matched to the failures the coordinator recorded by process id. Exit status 0 when
-every faulted job ended ok with pushes_lost 0, no rollback and no shard with two copies
-down at once; 1 otherwise.
+Reads RUN_DIR/kills.tsv, RUN_DIR/job-*/summary.json, RUN_DIR/clean/summary.json and the
+servers' logs. Kills are matched to the failures the coordinator recorded by process id. A
+backup copy that refused a request its primary forwarded (or saw a gap in them) has drifted
+from its primary, which only shows when it is promoted: the servers log it, and it counts
+here. Exit status 0 when every faulted job ended ok with pushes_lost 0, no rollback, no
+shard with two copies down at once and no drifted copy; 1 otherwise.
 """
 import csv
 import json
@@ -120,7 +122,19 @@ def main():
         print("mean test accuracy with faults %.4f, without %.4f (%+.2f points)"
               % (mean, clean_acc, 100 * (mean - clean_acc)))
     print("shards with both copies down at once: %d" % overlaps)
-    ok = ok and overlaps == 0
+    drifted = []
+    for j in jobs:
+        logs = os.path.join(run_dir, j, "logs")
+        for name in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+            if not name.startswith("server-"):
+                continue
+            with open(os.path.join(logs, name), errors="replace") as f:
+                if any("refused a forwarded request" in line or "got forward" in line
+                       for line in f):
+                    drifted.append("%s/%s" % (j, name))
+    print("backup copies that drifted from their primary: %d%s"
+          % (len(drifted), " (" + ", ".join(drifted) + ")" if drifted else ""))
+    ok = ok and overlaps == 0 and not drifted
     print("soak: %s" % ("PASS" if ok else "FAIL"))
     return 0 if ok else 1
 
