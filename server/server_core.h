@@ -328,6 +328,13 @@ class ServerCore {
   // push; under SSP and BSP the clock rule already applied the pushes below its clock).
   void ApplyDueSoftSyncs(bool asynchronous_now = false);
   void RecordStaleness(uint64_t staleness);
+  // Reads the tables section a checkpoint and a replica snapshot share (the table count;
+  // per table its id, version, stride and row count, then each row's key and stride floats)
+  // into the tables and their versions. `read` fills bytes from the source; `bytes_left`
+  // (SIZE_MAX: unknown) bounds a row count before it is trusted; `source` names the source
+  // in errors.
+  Status ReadTables(const std::function<Status(void*, size_t)>& read, size_t bytes_left,
+                    const std::string& source);
 
   JobConfig config_;
   int server_id_;

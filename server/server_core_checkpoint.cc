@@ -83,7 +83,7 @@ Status ServerCore::RestoreCheckpoint(const std::string& set_dir) {
   const std::string path = set_dir + "/server-" + std::to_string(server_id_) + ".ckpt";
   PS_ASSIGN_OR_RETURN(CheckpointReader r, CheckpointReader::Open(path));
   int64_t clock = 0;
-  uint32_t sid = 0, servers = 0, workers = 0, tables = 0;
+  uint32_t sid = 0, servers = 0, workers = 0;
   PS_RETURN_IF_ERROR(r.Get(&clock));
   PS_RETURN_IF_ERROR(r.Get(&sid));
   PS_RETURN_IF_ERROR(r.Get(&servers));
@@ -105,9 +105,21 @@ Status ServerCore::RestoreCheckpoint(const std::string& set_dir) {
   }
   job_batches_ = 0;
   for (int64_t c : clocks_) job_batches_ += std::max<int64_t>(c, 0);
-  PS_RETURN_IF_ERROR(r.Get(&tables));
+  PS_RETURN_IF_ERROR(
+      ReadTables([&r](void* data, size_t bytes) { return r.Read(data, bytes); }, SIZE_MAX, path));
+  last_checkpoint_clock_ = clock;
+  stats_.restored_clock = clock;
+  LOG(INFO) << "server " << server_id_ << ": restored " << path << " (clock " << clock << ")";
+  return Status::Ok();
+}
+
+Status ServerCore::ReadTables(const std::function<Status(void*, size_t)>& read, size_t bytes_left,
+                              const std::string& source) {
+  auto get = [&read](auto* v) { return read(v, sizeof(*v)); };
+  uint32_t tables = 0;
+  PS_RETURN_IF_ERROR(get(&tables));
   if (tables != tables_.size()) {
-    return InvalidArgument(path + " has " + std::to_string(tables) + " tables; the job has " +
+    return InvalidArgument(source + " has " + std::to_string(tables) + " tables; the job has " +
                            std::to_string(tables_.size()));
   }
   std::vector<uint64_t> keys;
@@ -115,15 +127,19 @@ Status ServerCore::RestoreCheckpoint(const std::string& set_dir) {
   for (Table& t : tables_) {
     uint32_t id = 0, stride = 0;
     uint64_t version = 0, rows = 0;
-    PS_RETURN_IF_ERROR(r.Get(&id));
-    PS_RETURN_IF_ERROR(r.Get(&version));
-    PS_RETURN_IF_ERROR(r.Get(&stride));
-    PS_RETURN_IF_ERROR(r.Get(&rows));
+    PS_RETURN_IF_ERROR(get(&id));
+    PS_RETURN_IF_ERROR(get(&version));
+    PS_RETURN_IF_ERROR(get(&stride));
+    PS_RETURN_IF_ERROR(get(&rows));
     if (id != t.spec().id || stride != t.stride()) {
-      return InvalidArgument(path + ": table " + std::to_string(id) + " has rows of " +
+      return InvalidArgument(source + ": table " + std::to_string(id) + " has rows of " +
                              std::to_string(stride) + " floats; table '" + t.spec().name +
                              "' of this job has " + std::to_string(t.stride()) +
                              " (same model and optimizer?)");
+    }
+    if (rows > bytes_left / (sizeof(uint64_t) + stride * sizeof(float))) {
+      return InvalidArgument(source + ": table '" + t.spec().name + "' claims " +
+                             std::to_string(rows) + " rows, more than its bytes hold");
     }
     shard_version_[id] = version;
     const size_t batch = std::min<size_t>(t.max_fetch(), 4096);
@@ -132,8 +148,8 @@ Status ServerCore::RestoreCheckpoint(const std::string& set_dir) {
       keys.resize(n);
       values.resize(n * stride);
       for (size_t i = 0; i < n; ++i) {
-        PS_RETURN_IF_ERROR(r.Get(&keys[i]));
-        PS_RETURN_IF_ERROR(r.Read(values.data() + i * stride, stride * sizeof(float)));
+        PS_RETURN_IF_ERROR(get(&keys[i]));
+        PS_RETURN_IF_ERROR(read(values.data() + i * stride, stride * sizeof(float)));
       }
       PS_RETURN_IF_ERROR(t.CheckKeys(keys));
       PS_RETURN_IF_ERROR(t.Fetch(keys, /*for_write=*/true, &fetched_));
@@ -143,9 +159,6 @@ Status ServerCore::RestoreCheckpoint(const std::string& set_dir) {
       done += n;
     }
   }
-  last_checkpoint_clock_ = clock;
-  stats_.restored_clock = clock;
-  LOG(INFO) << "server " << server_id_ << ": restored " << path << " (clock " << clock << ")";
   return Status::Ok();
 }
 

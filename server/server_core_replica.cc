@@ -209,50 +209,10 @@ Status ServerCore::LoadReplica(std::string_view snapshot) {
   PS_RETURN_IF_ERROR(r.Get(&checkpoint_base));
   std::vector<Remembered> remembered;
   PS_RETURN_IF_ERROR(ReadRemembered(r, &remembered));
-  uint32_t tables = 0;
-  PS_RETURN_IF_ERROR(r.Get(&tables));
-  if (tables != tables_.size()) {
-    return InvalidArgument("replica snapshot has " + std::to_string(tables) +
-                           " tables; the job has " + std::to_string(tables_.size()));
-  }
   // Rows go straight into the tables: the header checks above run first, and a snapshot
   // comes from a server of the same job and build (its end marker is there).
-  std::vector<uint64_t> keys;
-  std::vector<float> values;
-  for (Table& t : tables_) {
-    uint32_t id = 0, stride = 0;
-    uint64_t version = 0, rows = 0;
-    PS_RETURN_IF_ERROR(r.Get(&id));
-    PS_RETURN_IF_ERROR(r.Get(&version));
-    PS_RETURN_IF_ERROR(r.Get(&stride));
-    PS_RETURN_IF_ERROR(r.Get(&rows));
-    if (id != t.spec().id || stride != t.stride()) {
-      return InvalidArgument("replica snapshot: table " + std::to_string(id) + " has rows of " +
-                             std::to_string(stride) + " floats; table '" + t.spec().name +
-                             "' here has " + std::to_string(t.stride()));
-    }
-    if (rows > r.left() / (sizeof(uint64_t) + stride * sizeof(float))) {
-      return InvalidArgument("replica snapshot: table '" + t.spec().name + "' claims " +
-                             std::to_string(rows) + " rows, more than its bytes hold");
-    }
-    shard_version_[id] = version;
-    const size_t batch = std::min<size_t>(t.max_fetch(), 4096);
-    for (uint64_t done = 0; done < rows;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(batch, rows - done));
-      keys.resize(n);
-      values.resize(n * stride);
-      for (size_t i = 0; i < n; ++i) {
-        PS_RETURN_IF_ERROR(r.Get(&keys[i]));
-        PS_RETURN_IF_ERROR(r.Read(values.data() + i * stride, stride * sizeof(float)));
-      }
-      PS_RETURN_IF_ERROR(t.CheckKeys(keys));
-      PS_RETURN_IF_ERROR(t.Fetch(keys, /*for_write=*/true, &fetched_));
-      for (size_t i = 0; i < n; ++i) {
-        std::memcpy(fetched_[i], values.data() + i * stride, stride * sizeof(float));
-      }
-      done += n;
-    }
-  }
+  PS_RETURN_IF_ERROR(ReadTables([&r](void* data, size_t bytes) { return r.Read(data, bytes); },
+                                r.left(), "replica snapshot"));
   clocks_ = std::move(workers.clocks);
   batches_per_clock_ = std::move(workers.batches_per_clock);
   left_ = std::move(workers.left);

@@ -9,15 +9,18 @@
 #include <thread>
 
 #include "server/server_node.h"
+#include "tests/server/core_reads.h"
 #include "tests/server/test_messages.h"
 
 namespace ps {
 namespace {
 
 using testing::ClockTick;
+using testing::DenseKeys;
 using testing::KeyPush;
 using testing::ReplyHeader;
 using testing::ReplyStatus;
+using testing::Rows;
 using testing::VersionedPush;
 
 JobConfig TwoServers(double heartbeat_timeout = 4.0) {
@@ -33,22 +36,6 @@ JobConfig TwoServers(double heartbeat_timeout = 4.0) {
                                  {"heartbeat_timeout", std::to_string(heartbeat_timeout)},
                                  {"base_lr", "0.1"}})
       .value();
-}
-
-std::vector<float> Rows(ServerCore& core, uint32_t table, const std::vector<uint64_t>& keys) {
-  std::vector<float> all;
-  for (uint64_t k : keys) {
-    std::vector<float> row = core.ReadRow(table, k).value();
-    all.insert(all.end(), row.begin(), row.end());
-  }
-  return all;
-}
-
-std::vector<uint64_t> DenseKeys(const JobConfig& config, int server) {
-  RowRange r = ShardMap(config.table_specs, config.num_servers).DenseRangeOf(0, server);
-  std::vector<uint64_t> keys;
-  for (uint64_t k = r.begin; k < r.end; ++k) keys.push_back(k);
-  return keys;
 }
 
 // The primary applies `request`, then the backup applies what the primary forwards.

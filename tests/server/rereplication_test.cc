@@ -5,15 +5,18 @@
 #include <gtest/gtest.h>
 
 #include "server/replication.h"
+#include "tests/server/core_reads.h"
 #include "tests/server/test_messages.h"
 
 namespace ps {
 namespace {
 
 using testing::ClockTick;
+using testing::DenseKeys;
 using testing::KeyPush;
 using testing::ReplyHeader;
 using testing::ReplyStatus;
+using testing::Rows;
 using testing::VersionedPush;
 
 JobConfig TwoServers() {
@@ -29,22 +32,6 @@ JobConfig TwoServers() {
                                  {"max_iter", "100"},
                                  {"base_lr", "0.1"}})
       .value();
-}
-
-std::vector<uint64_t> DenseKeys(const JobConfig& config, int server) {
-  RowRange r = ShardMap(config.table_specs, config.num_servers).DenseRangeOf(0, server);
-  std::vector<uint64_t> keys;
-  for (uint64_t k = r.begin; k < r.end; ++k) keys.push_back(k);
-  return keys;
-}
-
-std::vector<float> Rows(ServerCore& core, uint32_t table, const std::vector<uint64_t>& keys) {
-  std::vector<float> all;
-  for (uint64_t k : keys) {
-    std::vector<float> row = core.ReadRow(table, k).value();
-    all.insert(all.end(), row.begin(), row.end());
-  }
-  return all;
 }
 
 // Pushes from two workers, clock ticks, one worker gone: state of every kind a copy carries.
