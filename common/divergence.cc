@@ -64,8 +64,8 @@ std::vector<std::string> DivergenceAdvice(const JobConfig& config) {
   }
   if (config.num_workers > 1 && config.staleness_lr == "none") {
     advice.push_back(
-        "--staleness_lr=sqrt (divide each gradient's rate by the root of its "
-        "staleness; " +
+        "--staleness_lr=sqrt (weight each gradient by 1 / sqrt(1 + its "
+        "staleness); " +
         std::to_string(config.num_workers) + " workers push stale gradients)");
   }
   if (config.clip_grad_norm == 0) advice.push_back("--clip_grad_norm=10 (cap each row's gradient)");

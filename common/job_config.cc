@@ -187,6 +187,7 @@ const std::vector<Field>& Fields() {
       IntField("max_iter", &JobConfig::max_iter, 0, INT64_MAX),
       IntField("warmup_iters", &JobConfig::warmup_iters, 0, INT64_MAX),
       StringField("staleness_lr", &JobConfig::staleness_lr, {"none", "inverse", "sqrt"}),
+      DoubleField("pull_lookahead", &JobConfig::pull_lookahead, 0, 16, false),
       IntField("softsync", &JobConfig::softsync, 0, 65536),
       DoubleField("divergence_loss_ratio", &JobConfig::divergence_loss_ratio, 0, 1e12, false),
       IntField("seed", &JobConfig::seed, 0, INT64_MAX),

@@ -144,9 +144,17 @@ struct JobConfig {
   // at start from the training set's size (SetWholeJobMaxIter), so --epochs moves it too.
   int64_t max_iter = 0;
   int64_t warmup_iters = 0;  // linear warmup from 0 to the schedule's value
-  // Staleness-aware learning rate (Zhang et al. 2016): none | inverse | sqrt divides the
-  // step's learning rate by the gradient's staleness (or its square root; 0 counts as 1).
+  // Staleness-aware learning rate (after Zhang et al. 2016): none | inverse | sqrt weights
+  // each gradient by 1 / (1 + its staleness in updates) (or the root of it): a fresh one
+  // keeps its whole rate. Summed (--softsync) tables weight each push as it joins the sum.
   std::string staleness_lr = "none";
+  // Pull look-ahead (after DANA, Hakimi et al. 2019): a pull of a table whose optimizer
+  // keeps a velocity (momentum, nesterov) returns the values the velocity alone would
+  // carry its rows to over this many times the table's recent mean staleness (in updates),
+  // so that a gradient is computed about where the model will be when it lands. Stored
+  // values, checkpoints and exports are unchanged. 0: off (pulls return the stored values);
+  // under BSP the staleness is 0 and so is the look-ahead.
+  double pull_lookahead = 0;
   // The job stops with status "diverged" (common/divergence.h) when a worker's mean
   // training loss exceeds this many times the job's first reported loss (or is not finite,
   // whatever this is). 0: only non-finite losses and gradients count.

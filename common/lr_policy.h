@@ -36,10 +36,13 @@ class LrPolicy {
   // (1/warmup_iters of the rate) and iteration warmup_iters - 1 takes the full one.
   double ScheduleRate(int64_t iteration) const;
 
-  // ScheduleRate(iteration) divided per --staleness_lr by max(1, staleness) (inverse) or
-  // sqrt(max(1, staleness)) (sqrt); none: unchanged. `staleness` is how many versions of
-  // the model the gradient's computation lags behind; 0 (fresh) and 1 both leave the rate
-  // unchanged.
+  // The share of its rate a gradient `staleness` updates old gets, per --staleness_lr:
+  // 1 / (1 + staleness) (inverse), 1 / sqrt(1 + staleness) (sqrt), 1 (none). A fresh
+  // gradient (0) keeps its whole rate. Summed (--softsync) tables weight each push by it
+  // as it joins the sum; other tables multiply the push's rate (Rate).
+  double StalenessWeight(int64_t staleness) const;
+
+  // ScheduleRate(iteration) * StalenessWeight(staleness).
   double Rate(int64_t iteration, int64_t staleness) const;
 
  private:

@@ -1,8 +1,16 @@
 #include "common/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace ps {
+
+void Optimizer::Extrapolate(std::span<const float> values, std::span<const float>, float, double,
+                            std::span<float> out) const {
+  DCHECK_EQ(out.size(), values.size());
+  std::copy(values.begin(), values.end(), out.begin());
+}
+
 namespace {
 
 // Every rule follows PyTorch's torch.optim step of the same name, so that a model trained
@@ -90,6 +98,25 @@ class Momentum final : public Optimizer {
         w[i] -= lr * v[i];
       }
     }
+  }
+
+  bool HasVelocity() const override { return mu_ > 0; }
+  // With no gradient each update does v = mu*v, then w -= lr*mu*v (nesterov: lr*mu*(mu*v)):
+  // over k updates w moves by lr * v * m * (1 - mu^k) / (1 - mu), m = mu (momentum) or
+  // mu^2 (nesterov); a fractional k follows the same curve.
+  void Extrapolate(std::span<const float> values, std::span<const float> state, float lr,
+                   double updates, std::span<float> out) const override {
+    const size_t n = values.size();
+    DCHECK_EQ(out.size(), n);
+    DCHECK_EQ(state.size(), StateFloats(n));
+    const double mu = mu_;
+    const double first = nesterov_ ? mu * mu : mu;
+    const double reach = mu < 1 ? (1 - std::pow(mu, updates)) / (1 - mu) : updates;
+    const float step = static_cast<float>(lr * first * reach);
+    const float* __restrict w = values.data();
+    const float* __restrict v = state.data();
+    float* __restrict o = out.data();
+    for (size_t i = 0; i < n; ++i) o[i] = w[i] - step * v[i];
   }
 
  private:

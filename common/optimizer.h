@@ -24,6 +24,18 @@ class Optimizer {
   // staleness scaling already applied.
   virtual void Apply(std::span<float> values, std::span<float> state, std::span<const float> grad,
                      float lr) const = 0;
+
+  // Whether the state carries a velocity that moves a row with no new gradient (momentum,
+  // nesterov): only then does Extrapolate differ from a copy.
+  virtual bool HasVelocity() const { return false; }
+  // Writes to `out` the values the row would hold after `updates` more updates at rate `lr`
+  // that bring no gradient: where its velocity alone carries it (a fraction of an update
+  // counts as that share along the same geometric decay). For pull look-ahead
+  // (--pull_lookahead): a worker's gradient lands some updates after its pull, so it is
+  // computed about where the model will be then. Without a velocity: a copy.
+  // REQUIRES: out.size() == values.size(), state.size() == StateFloats(values.size()).
+  virtual void Extrapolate(std::span<const float> values, std::span<const float> state, float lr,
+                           double updates, std::span<float> out) const;
 };
 
 // The optimizer the job config names (--optimizer), each following PyTorch's rule of that

@@ -67,7 +67,11 @@ DEFINE_int64(max_iter, kDefaults.max_iter,
              "poly, cosine: where the schedule ends (0: with the job, from the data set's size)");
 DEFINE_int64(warmup_iters, kDefaults.warmup_iters, "linear warmup iterations (0: none)");
 DEFINE_string(staleness_lr, kDefaults.staleness_lr,
-              "none | inverse | sqrt: divide the lr by the gradient's staleness");
+              "none | inverse | sqrt: weight each gradient by 1 / (1 + its staleness) (or the "
+              "root)");
+DEFINE_double(pull_lookahead, kDefaults.pull_lookahead,
+              "pulls of momentum/nesterov tables return where the velocity carries the rows "
+              "over this many times the mean staleness in updates (0: the stored values)");
 DEFINE_int32(softsync, kDefaults.softsync,
              "n-softsync: servers apply the mean of this many pushes as one update (1: each "
              "push at once; 0: the number of workers)");

@@ -86,6 +86,7 @@ Status ServerCore::CreateTables(const StoreOptions& store) {
                         Table::Create(t, held, config_.seed, optimizer_->StateFloats(t.width), ro));
     tables_.push_back(std::move(table));
     table_staleness_.push_back(config_.StalenessOf(t));
+    recent_staleness_.push_back(0);
   }
   softsync_ = std::make_unique<SoftSync>(config_.BatchesPerUpdate(), config_.table_specs,
                                          shard_map_, server_id_, table_staleness_);
@@ -103,8 +104,8 @@ Status ServerCore::ApplySoftSyncIfDue(uint32_t table_id, int64_t min_live_clock)
   const size_t width = a.table->width();
   const size_t state_floats = a.table->stride() - width;
   const int64_t iteration = config_.ScheduleIteration(JobSteps());
-  const float lr =
-      static_cast<float>(lr_policy_.Rate(iteration, static_cast<int64_t>(sum.mean_staleness)));
+  // --staleness_lr weighted each push as it joined the sum.
+  const float lr = static_cast<float>(lr_policy_.ScheduleRate(iteration));
   PS_RETURN_IF_ERROR(ParallelForEachRow(a, /*for_write=*/true, [&](size_t i, float* row) {
     if (sum.counts[i] == 0) return;
     optimizer_->Apply(std::span<float>(row, width), std::span<float>(row + width, state_floats),
@@ -285,10 +286,20 @@ Status ServerCore::CheckWorker(int worker, const char* what) {
   return Status::Ok();
 }
 
-void ServerCore::RecordStaleness(uint64_t staleness) {
+void ServerCore::RecordStaleness(uint32_t table_id, uint64_t staleness) {
   ++stats_.staleness_histogram[std::min<uint64_t>(staleness, kStalenessBuckets - 1)];
   stats_.staleness_sum += staleness;
   stats_.staleness_max = std::max(stats_.staleness_max, staleness);
+  // Over about the last 64 pushes: several updates' worth at any worker count the default
+  // sums (8 workers: 8 updates), yet it follows a job whose workers come and go.
+  constexpr double kWeight = 1.0 / 64;
+  double& recent = recent_staleness_[table_id];
+  recent += kWeight * (static_cast<double>(staleness) - recent);
+}
+
+double ServerCore::LookaheadUpdates(uint32_t table_id) const {
+  if (config_.pull_lookahead <= 0 || !optimizer_->HasVelocity()) return 0;
+  return config_.pull_lookahead * recent_staleness_[table_id];
 }
 
 Result<ServerCore::Addressed> ServerCore::Address(uint32_t table_id, wire::Keys::Reader keys,
@@ -419,8 +430,9 @@ Result<Frames> ServerCore::ApplyPush(wire::Header::Reader h, const CheckedPush& 
   if (softsync_->sums(table_id) && a.is_range) {
     // --softsync: into the table's sum, applied as one update when due (server/softsync.h),
     // which then moves the version.
-    softsync_->Add(table_id, a.range, checked.grads, push.getClock(), staleness,
-                   !push.getMoreChunks(), BatchesPerClock(h.getSenderId()));
+    softsync_->Add(table_id, a.range, checked.grads, push.getClock(), !push.getMoreChunks(),
+                   BatchesPerClock(h.getSenderId()),
+                   static_cast<float>(lr_policy_.StalenessWeight(static_cast<int64_t>(staleness))));
     PS_RETURN_IF_ERROR(ApplySoftSyncIfDue(table_id, MinLiveClock()));
   } else {
     const size_t state_floats = a.table->stride() - width;
@@ -436,7 +448,7 @@ Result<Frames> ServerCore::ApplyPush(wire::Header::Reader h, const CheckedPush& 
   // push's last chunk: staleness counts logical pushes, not chunks.
   if (!push.getMoreChunks()) {
     ++stats_.pushes_applied;
-    RecordStaleness(staleness);
+    RecordStaleness(table_id, staleness);
   }
   stats_.bytes_pushed += checked.wire_bytes;
   reply.setRowsApplied(a.rows);
@@ -457,9 +469,23 @@ Result<Frames> ServerCore::ServePull(const std::string& peer, wire::Header::Read
   const size_t bytes = a.rows * width * sizeof(float);
   zmq::message_t values = frame_allocator_ ? frame_allocator_(peer, bytes) : zmq::message_t(bytes);
   float* dst = static_cast<float*>(values.data());
-  PS_RETURN_IF_ERROR(ParallelForEachRow(a, /*for_write=*/false, [&](size_t i, float* row) {
-    std::memcpy(dst + i * width, row, width * sizeof(float));
-  }));
+  const double ahead = LookaheadUpdates(pull.getTableId());
+  if (ahead > 0) {
+    // --pull_lookahead: where the rows' velocity carries them over `ahead` updates at the
+    // rate the next update will take.
+    const float lr =
+        static_cast<float>(lr_policy_.ScheduleRate(config_.ScheduleIteration(JobSteps())));
+    const size_t state_floats = a.table->stride() - width;
+    PS_RETURN_IF_ERROR(ParallelForEachRow(a, /*for_write=*/false, [&](size_t i, float* row) {
+      optimizer_->Extrapolate(std::span<const float>(row, width),
+                              std::span<const float>(row + width, state_floats), lr, ahead,
+                              std::span<float>(dst + i * width, width));
+    }));
+  } else {
+    PS_RETURN_IF_ERROR(ParallelForEachRow(a, /*for_write=*/false, [&](size_t i, float* row) {
+      std::memcpy(dst + i * width, row, width * sizeof(float));
+    }));
+  }
   const int64_t min_clock = MinLiveClock();
   const int64_t lag = min_clock == INT64_MAX ? 0 : pull.getClock() - min_clock;
   stats_.max_clock_lag = std::max(stats_.max_clock_lag, lag);

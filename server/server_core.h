@@ -327,7 +327,7 @@ class ServerCore {
   // table's sum whatever it holds (before a checkpoint, which must hold every acknowledged
   // push; under SSP and BSP the clock rule already applied the pushes below its clock).
   void ApplyDueSoftSyncs(bool asynchronous_now = false);
-  void RecordStaleness(uint64_t staleness);
+  void RecordStaleness(uint32_t table_id, uint64_t staleness);
   // Reads the tables section a checkpoint and a replica snapshot share (the table count;
   // per table its id, version, stride and row count, then each row's key and stride floats)
   // into the tables and their versions. `read` fills bytes from the source; `bytes_left`
@@ -335,6 +335,8 @@ class ServerCore {
   // in errors.
   Status ReadTables(const std::function<Status(void*, size_t)>& read, size_t bytes_left,
                     const std::string& source);
+  // --pull_lookahead: the updates a pull of table t looks ahead (0: serve the stored values).
+  double LookaheadUpdates(uint32_t table_id) const;
 
   JobConfig config_;
   int server_id_;
@@ -342,7 +344,9 @@ class ServerCore {
   std::unique_ptr<Optimizer> optimizer_;
   LrPolicy lr_policy_;
   std::vector<Table> tables_;
-  std::vector<int> table_staleness_;     // bound per table id
+  std::vector<int> table_staleness_;  // bound per table id
+  // Per table id: a moving average of its pushes' staleness (--pull_lookahead's measure).
+  std::vector<double> recent_staleness_;
   std::vector<uint64_t> shard_version_;  // per table id
   std::vector<int64_t> clocks_;          // per worker
   // Per worker: batches one of its clocks covers (its ticks say; a group leader's is the

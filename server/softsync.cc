@@ -54,7 +54,7 @@ SoftSync::SoftSync(int batches_per_update, const std::vector<TableSpec>& tables,
                Each<bool>(tables, [](const TableSpec& t) { return t.dense(); }), staleness) {}
 
 void SoftSync::Add(uint32_t table, RowRange range, std::span<const float> grads, int64_t clock,
-                   uint64_t staleness, bool last_chunk, uint32_t batches) {
+                   bool last_chunk, uint32_t batches, float weight) {
   TableSum& s = sums_[table];
   CHECK(s.on);
   CHECK(range.begin >= s.held.begin && range.end <= s.held.end);
@@ -62,13 +62,16 @@ void SoftSync::Add(uint32_t table, RowRange range, std::span<const float> grads,
   CHECK_GE(batches, 1u);
   const size_t first = range.begin - s.held.begin;
   float* dst = s.sum.data() + first * s.width;
-  for (size_t i = 0; i < grads.size(); ++i) dst[i] += grads[i];
+  if (weight == 1.0f) {
+    for (size_t i = 0; i < grads.size(); ++i) dst[i] += grads[i];
+  } else {
+    for (size_t i = 0; i < grads.size(); ++i) dst[i] += weight * grads[i];
+  }
   for (size_t r = 0; r < range.size(); ++r) s.counts[first + r] += batches;
   ++s.contributions;
   s.oldest_clock = std::min(s.oldest_clock, clock);
   if (last_chunk) {
     s.batches += batches;
-    s.staleness_sum += staleness * batches;
   }
 }
 
@@ -96,7 +99,6 @@ SoftSync::Pending SoftSync::TakeMean(uint32_t table) {
   p.mean = s.sum;
   p.counts = s.counts;
   p.batches = s.batches;
-  p.mean_staleness = s.batches > 0 ? (s.staleness_sum + s.batches / 2) / s.batches : 0;
   return p;
 }
 
@@ -107,7 +109,6 @@ void SoftSync::Clear(uint32_t table) {
   s.contributions = 0;
   s.batches = 0;
   s.oldest_clock = INT64_MAX;
-  s.staleness_sum = 0;
 }
 
 }  // namespace ps

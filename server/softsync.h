@@ -21,8 +21,10 @@
 //
 // Versions and staleness: a table's version counts updates (sums applied), so a gradient's
 // staleness is in updates. The lr of a sum is the schedule's at the job's steps so far
-// (ServerCore::JobSteps), divided per --staleness_lr by its pushes' mean staleness. Sparse
-// tables are not summed: their pushes touch different rows and are applied as they come.
+// (ServerCore::JobSteps); under --staleness_lr each push joins the sum weighted by its own
+// staleness (LrPolicy::StalenessWeight), so a sum's fresh gradients count for more than its
+// stale ones. Sparse tables are not summed: their pushes touch different rows and are applied as
+// they come.
 //
 // Thread model: owned by one ServerCore, used on its request thread; Rows() may be read by
 // its apply threads inside a fork-join while nothing is added.
@@ -57,11 +59,12 @@ class SoftSync {
   bool clock_rule(uint32_t table) const { return sums_[table].clock_rule; }
 
   // Adds one push's (or one chunk's) gradient, a sum of `batches` batch gradients, for rows
-  // [range.begin, range.end) of table t. `last_chunk`: the push is complete (its batches
-  // count towards c). REQUIRES: sums(t), batches >= 1, and the range inside the held range
-  // with grads.size() == range.size() * width.
+  // [range.begin, range.end) of table t, times `weight` (its --staleness_lr share; the
+  // batches count whole towards c whatever the weight). `last_chunk`: the push is complete
+  // (its batches count towards c). REQUIRES: sums(t), batches >= 1, and the range inside the
+  // held range with grads.size() == range.size() * width.
   void Add(uint32_t table, RowRange range, std::span<const float> grads, int64_t clock,
-           uint64_t staleness, bool last_chunk, uint32_t batches = 1);
+           bool last_chunk, uint32_t batches = 1, float weight = 1.0f);
 
   // Whether table t's sum must be applied now: c batches of complete pushes, a push of a clock
   // below `min_live_clock` (the clock rule), or anything when `min_live_clock` is INT64_MAX (no
@@ -76,7 +79,6 @@ class SoftSync {
     RowRange held;
     std::span<float> mean;             // held.size() x width, meaningful where count > 0
     std::span<const uint32_t> counts;  // per held row
-    uint64_t mean_staleness = 0;       // over its batches, rounded, for --staleness_lr
     uint64_t batches = 0;              // batches of complete pushes in it
   };
   // Turns table t's sum into means and returns it; call Clear(t) once it was applied.
@@ -96,7 +98,6 @@ class SoftSync {
     uint64_t contributions = 0;    // chunks added
     uint64_t batches = 0;          // batches of complete pushes added
     int64_t oldest_clock = INT64_MAX;
-    uint64_t staleness_sum = 0;
   };
   int per_update_;
   std::vector<TableSum> sums_;

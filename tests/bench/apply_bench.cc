@@ -51,6 +51,9 @@ DEFINE_int32(iters, 10, "timed updates per point (after one warm-up)");
 DEFINE_string(optimizers, "sgd,momentum,nesterov,adagrad,adam,adamw", "optimizers to measure");
 DEFINE_double(weight_decay, 0.0, "--weight_decay of the job (0: the default)");
 DEFINE_double(clip_grad_norm, 0.0, "--clip_grad_norm of the job (0: off, the default)");
+DEFINE_double(pull_lookahead, 0.0,
+              "--pull_lookahead of the job: the ServerCore rows' pulls of momentum and nesterov "
+              "tables extrapolate (the bench's pushes are all stale)");
 DEFINE_string(json, "", "also write the results as a JSON array to this file");
 DEFINE_int32(server_threads, 1,
              "also time pushes and pulls through a ServerCore with 1 and this many apply "
@@ -95,7 +98,8 @@ ps::Result<ps::JobConfig> BenchConfig(const std::string& optimizer, const std::s
                                      {"optimizer", optimizer},
                                      {"base_lr", "0.01"},
                                      {"weight_decay", std::to_string(FLAGS_weight_decay)},
-                                     {"clip_grad_norm", std::to_string(FLAGS_clip_grad_norm)}});
+                                     {"clip_grad_norm", std::to_string(FLAGS_clip_grad_norm)},
+                                     {"pull_lookahead", std::to_string(FLAGS_pull_lookahead)}});
 }
 
 ps::Frames RangeRequest(uint64_t rid, uint64_t rows, const std::vector<float>* grad) {

@@ -131,20 +131,27 @@ TEST(LrPolicyTest, StalenessNoneLeavesTheRate) {
 TEST(LrPolicyTest, StalenessInverse) {
   LrPolicy p = Policy(
       {{"lr_policy", "step"}, {"gamma", "0.5"}, {"stepsize", "10"}, {"staleness_lr", "inverse"}});
-  EXPECT_DOUBLE_EQ(p.Rate(0, 0), 0.1);  // fresh: counted as 1
-  EXPECT_DOUBLE_EQ(p.Rate(0, 1), 0.1);
-  EXPECT_DOUBLE_EQ(p.Rate(0, 4), 0.025);
-  EXPECT_DOUBLE_EQ(p.Rate(10, 5), 0.01);  // schedule and staleness together
+  EXPECT_DOUBLE_EQ(p.Rate(0, 0), 0.1);  // fresh: the whole rate
+  EXPECT_DOUBLE_EQ(p.Rate(0, 1), 0.05);
+  EXPECT_DOUBLE_EQ(p.Rate(0, 3), 0.025);
+  EXPECT_DOUBLE_EQ(p.Rate(10, 4), 0.01);  // schedule and staleness together
   EXPECT_DOUBLE_EQ(p.Rate(0, -2), 0.1);
+  EXPECT_DOUBLE_EQ(p.StalenessWeight(1), 0.5);
 }
 
 TEST(LrPolicyTest, StalenessSqrt) {
   LrPolicy p = Policy({{"lr_policy", "fixed"}, {"staleness_lr", "sqrt"}, {"warmup_iters", "2"}});
   EXPECT_DOUBLE_EQ(p.Rate(5, 0), 0.1);
-  EXPECT_DOUBLE_EQ(p.Rate(5, 1), 0.1);
-  EXPECT_DOUBLE_EQ(p.Rate(5, 4), 0.05);
-  EXPECT_DOUBLE_EQ(p.Rate(5, 9), 0.1 / 3);
-  EXPECT_DOUBLE_EQ(p.Rate(0, 4), 0.025);  // warmup and staleness together
+  EXPECT_DOUBLE_EQ(p.Rate(5, 3), 0.05);
+  EXPECT_DOUBLE_EQ(p.Rate(5, 8), 0.1 / 3);
+  EXPECT_DOUBLE_EQ(p.Rate(0, 3), 0.025);  // warmup and staleness together
+  EXPECT_DOUBLE_EQ(p.StalenessWeight(0), 1.0);
+}
+
+TEST(LrPolicyTest, StalenessNoneKeepsTheRate) {
+  LrPolicy p = Policy({{"lr_policy", "fixed"}});
+  EXPECT_DOUBLE_EQ(p.Rate(5, 7), 0.1);
+  EXPECT_DOUBLE_EQ(p.StalenessWeight(7), 1.0);
 }
 
 TEST(LrPolicyTest, CreateRejectsWhatItCannotUse) {

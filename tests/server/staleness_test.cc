@@ -172,11 +172,43 @@ TEST(StalenessTest, StalenessAwareLearningRateDividesByStaleness) {
     auto out = Send(*core, "w0", VersionedPush(i, 0, 0, 4, g, 0, 0, 0));
     rates.push_back(ReplyHeader(out[0].frames).get().getBody().getPushReply().getLearningRate());
   }
-  EXPECT_DOUBLE_EQ(rates[0], 0.5);  // staleness 0 counts as 1
-  EXPECT_DOUBLE_EQ(rates[1], 0.5);
-  EXPECT_DOUBLE_EQ(rates[2], 0.25);
-  EXPECT_FLOAT_EQ(static_cast<float>(rates[3]), 0.5f / 3);
-  EXPECT_FLOAT_EQ(core->ReadRow(0, 0).value()[0], -(0.5f + 0.5f + 0.25f + 0.5f / 3));
+  EXPECT_DOUBLE_EQ(rates[0], 0.5);   // fresh: the whole rate
+  EXPECT_DOUBLE_EQ(rates[1], 0.25);  // one update old: half
+  EXPECT_FLOAT_EQ(static_cast<float>(rates[2]), 0.5f / 3);
+  EXPECT_DOUBLE_EQ(rates[3], 0.125);
+  EXPECT_FLOAT_EQ(core->ReadRow(0, 0).value()[0], -(0.5f + 0.25f + 0.5f / 3 + 0.125f));
+}
+
+// --pull_lookahead: once pushes arrive stale, a pull of a nesterov table returns where the
+// velocity carries the rows over (lookahead x recent staleness) updates; the stored values
+// do not move, and without the setting (or with fresh pushes) a pull returns them as stored.
+TEST(StalenessTest, PullLookaheadReturnsWhereTheVelocityCarriesTheRows) {
+  auto pulled_after = [](const std::string& lookahead, uint64_t stale_by) {
+    auto core = MakeCore({{"staleness", "-1"},
+                          {"optimizer", "nesterov"},
+                          {"momentum", "0.5"},
+                          {"pull_lookahead", lookahead}});
+    std::vector<float> g(8, 1.0f);
+    for (uint64_t i = 0; i < 1000; ++i) {
+      const uint64_t pulled = i >= stale_by ? i - stale_by : 0;
+      EXPECT_EQ(Send(*core, "w0", VersionedPush(i, 0, 0, 4, g, 0, 0, pulled)).size(), 1u);
+    }
+    auto out = Send(*core, "w0", RangePull(5000, 0, 0, 4, 0, 0));
+    EXPECT_EQ(out.size(), 1u);
+    return std::make_pair(testing::ReplyFloats(out[0].frames), core->ReadRow(0, 0).value()[0]);
+  };
+  auto [plain, stored_plain] = pulled_after("0", 1);
+  EXPECT_EQ(plain[0], stored_plain) << "off: the stored values";
+  auto [fresh, stored_fresh] = pulled_after("1", 0);
+  EXPECT_EQ(fresh[0], stored_fresh) << "fresh pushes: nothing to look ahead over";
+  auto [ahead, stored] = pulled_after("1", 1);
+  // 1000 pushes of gradient 1 at lr 1, mu 0.5: the velocity is 2 (1 / (1 - mu)), the recent
+  // staleness 1 (all but the first push), so one more update moves a value by
+  // lr * mu^2 * v = 0.5 (nesterov), downhill.
+  EXPECT_EQ(stored, stored_plain) << "the look-ahead does not change the model";
+  EXPECT_NEAR(ahead[0], stored - 0.5f, 1e-3);
+  auto [twice, stored_twice] = pulled_after("2", 1);
+  EXPECT_NEAR(twice[0], stored_twice - 0.75f, 1e-3) << "two updates: 0.5 + 0.25";
 }
 
 // The schedule follows the job's steps (the workers' clocks added up), not the pushing
