@@ -46,6 +46,17 @@ def load(data_dir, split):
     return images.reshape(len(images), -1).float() / 255.0, labels.long()
 
 
+def make_model():
+    """The default job's MLP, initialized as its servers do: He-normal weights, zero biases."""
+    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
+                          nn.Linear(128, 10))
+    for m in model:
+        if isinstance(m, nn.Linear):
+            nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+            nn.init.zeros_(m.bias)
+    return model
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data_dir", default="/usr/share/datasets/fashion-mnist")
@@ -71,12 +82,7 @@ def main():
     steps_per_epoch = math.ceil(len(train_x) / a.batch_size)
     max_iter = a.max_iter or a.epochs * steps_per_epoch
 
-    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
-                          nn.Linear(128, 10))
-    for m in model:
-        if isinstance(m, nn.Linear):
-            nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
-            nn.init.zeros_(m.bias)
+    model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=a.base_lr, momentum=a.momentum, nesterov=True)
 
     def rate(it):  # common/lr_policy.cc: cosine, then the linear warmup factor

@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn.utils.stateless import functional_call
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pytorch_mlp import load  # noqa: E402
+from pytorch_mlp import load, make_model  # noqa: E402
 
 MODES = ("bsp", "stale", "weight", "look", "wlook", "dc")
 
@@ -56,12 +56,7 @@ def main():
     random.seed(a.seed)
     train_x, train_y = load(a.data_dir, "train")
     test_x, test_y = load(a.data_dir, "t10k")
-    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(),
-                          nn.Linear(128, 10))
-    for m in model:
-        if isinstance(m, nn.Linear):
-            nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
-            nn.init.zeros_(m.bias)
+    model = make_model()
     names = [n for n, _ in model.named_parameters()]
     params = [t.detach().clone() for t in model.parameters()]
     velocity = [torch.zeros_like(t) for t in params]
