@@ -5,7 +5,7 @@
 
 namespace ps {
 
-void Optimizer::Extrapolate(std::span<const float> values, std::span<const float>, float, double,
+void Optimizer::Extrapolate(std::span<const float> values, std::span<const float>, float,
                             std::span<float> out) const {
   DCHECK_EQ(out.size(), values.size());
   std::copy(values.begin(), values.end(), out.begin());
@@ -104,15 +104,17 @@ class Momentum final : public Optimizer {
   // With no gradient each update does v = mu*v, then w -= lr*mu*v (nesterov: lr*mu*(mu*v)):
   // over k updates w moves by lr * v * m * (1 - mu^k) / (1 - mu), m = mu (momentum) or
   // mu^2 (nesterov); a fractional k follows the same curve.
-  void Extrapolate(std::span<const float> values, std::span<const float> state, float lr,
-                   double updates, std::span<float> out) const override {
-    const size_t n = values.size();
-    DCHECK_EQ(out.size(), n);
-    DCHECK_EQ(state.size(), StateFloats(n));
+  float LookaheadStep(float lr, double updates) const override {
     const double mu = mu_;
     const double first = nesterov_ ? mu * mu : mu;
     const double reach = mu < 1 ? (1 - std::pow(mu, updates)) / (1 - mu) : updates;
-    const float step = static_cast<float>(lr * first * reach);
+    return static_cast<float>(lr * first * reach);
+  }
+  void Extrapolate(std::span<const float> values, std::span<const float> state, float step,
+                   std::span<float> out) const override {
+    const size_t n = values.size();
+    DCHECK_EQ(out.size(), n);
+    DCHECK_EQ(state.size(), StateFloats(n));
     const float* __restrict w = values.data();
     const float* __restrict v = state.data();
     float* __restrict o = out.data();

@@ -28,14 +28,17 @@ class Optimizer {
   // Whether the state carries a velocity that moves a row with no new gradient (momentum,
   // nesterov): only then does Extrapolate differ from a copy.
   virtual bool HasVelocity() const { return false; }
-  // Writes to `out` the values the row would hold after `updates` more updates at rate `lr`
-  // that bring no gradient: where its velocity alone carries it (a fraction of an update
-  // counts as that share along the same geometric decay). For pull look-ahead
-  // (--pull_lookahead): a worker's gradient lands some updates after its pull, so it is
-  // computed about where the model will be then. Without a velocity: a copy.
-  // REQUIRES: out.size() == values.size(), state.size() == StateFloats(values.size()).
-  virtual void Extrapolate(std::span<const float> values, std::span<const float> state, float lr,
-                           double updates, std::span<float> out) const;
+  // How far, in units of the row's velocity, `updates` more updates at rate `lr` that bring
+  // no gradient carry a row (a fraction of an update counts as that share along the same
+  // geometric decay); 0 without a velocity. For pull look-ahead (--pull_lookahead): a
+  // worker's gradient lands some updates after its pull, so it is computed about where the
+  // model will be then. Computed once per pull, not per row.
+  virtual float LookaheadStep(float /*lr*/, double /*updates*/) const { return 0; }
+  // Writes to `out` the row moved `step` (LookaheadStep) along its velocity; without a
+  // velocity, a copy. REQUIRES: out.size() == values.size(),
+  // state.size() == StateFloats(values.size()).
+  virtual void Extrapolate(std::span<const float> values, std::span<const float> state, float step,
+                           std::span<float> out) const;
 };
 
 // The optimizer the job config names (--optimizer), each following PyTorch's rule of that

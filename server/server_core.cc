@@ -475,10 +475,11 @@ Result<Frames> ServerCore::ServePull(const std::string& peer, wire::Header::Read
     // rate the next update will take.
     const float lr =
         static_cast<float>(lr_policy_.ScheduleRate(config_.ScheduleIteration(JobSteps())));
+    const float step = optimizer_->LookaheadStep(lr, ahead);
     const size_t state_floats = a.table->stride() - width;
     PS_RETURN_IF_ERROR(ParallelForEachRow(a, /*for_write=*/false, [&](size_t i, float* row) {
       optimizer_->Extrapolate(std::span<const float>(row, width),
-                              std::span<const float>(row + width, state_floats), lr, ahead,
+                              std::span<const float>(row + width, state_floats), step,
                               std::span<float>(dst + i * width, width));
     }));
   } else {

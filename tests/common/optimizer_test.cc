@@ -248,8 +248,8 @@ TEST(OptimizerVectorTest, AdagradIsBitIdenticalToTheScalarFormula) {
   }
 }
 
-// --pull_lookahead: Extrapolate(k) is where k updates that bring no gradient leave a row,
-// checked against Apply with zero gradients; a fraction of an update lies between.
+// --pull_lookahead: Extrapolate(LookaheadStep(k)) is where k updates that bring no gradient leave a
+// row, checked against Apply with zero gradients; a fraction of an update lies between.
 TEST(OptimizerExtrapolateTest, MatchesUpdatesWithoutGradient) {
   for (const std::string name : {"momentum", "nesterov"}) {
     auto opt = MakeOptimizer(Config(name, 0, 0)).value();
@@ -262,15 +262,15 @@ TEST(OptimizerExtrapolateTest, MatchesUpdatesWithoutGradient) {
     for (int k = 1; k <= 3; ++k) {
       before = stepped_w;
       opt->Apply(stepped_w, stepped_v, zero, lr);
-      opt->Extrapolate(w, v, lr, k, ahead);
+      opt->Extrapolate(w, v, opt->LookaheadStep(lr, k), ahead);
       for (size_t i = 0; i < 3; ++i) {
         EXPECT_NEAR(ahead[i], stepped_w[i], 1e-6) << name << " k=" << k << " i=" << i;
       }
     }
     // Half an update: between the row now and the row after one update.
-    opt->Extrapolate(w, v, lr, 0.5, ahead);
+    opt->Extrapolate(w, v, opt->LookaheadStep(lr, 0.5), ahead);
     std::vector<float> one(3);
-    opt->Extrapolate(w, v, lr, 1, one);
+    opt->Extrapolate(w, v, opt->LookaheadStep(lr, 1), one);
     for (size_t i = 0; i < 3; ++i) {
       EXPECT_LT(std::abs(ahead[i] - w[i]), std::abs(one[i] - w[i])) << name << " i=" << i;
       EXPECT_GT(std::abs(ahead[i] - w[i]), 0.0f) << name << " i=" << i;
@@ -284,7 +284,7 @@ TEST(OptimizerExtrapolateTest, RulesWithoutVelocityCopy) {
     EXPECT_FALSE(opt->HasVelocity()) << name;
     const std::vector<float> w = {1.0f, -2.0f};
     std::vector<float> state(opt->StateFloats(2), 0.7f), out(2, 0.0f);
-    opt->Extrapolate(w, state, 0.1f, 2, out);
+    opt->Extrapolate(w, state, opt->LookaheadStep(0.1f, 2), out);
     EXPECT_EQ(out, w) << name;
   }
   JobConfig no_momentum = Config("momentum", 0, 0);
