@@ -57,6 +57,7 @@ void HeartbeatSender::Loop() {
   uint64_t request_id = 0;
   auto last_answer = now();
   bool lost_reported = false;
+  bool stopping_reported = false;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     lock.unlock();
@@ -89,6 +90,12 @@ void HeartbeatSender::Loop() {
           if (!evicted_.exchange(true)) {
             LOG(ERROR) << "the coordinator declared this worker dead (it was silent too long)";
           }
+        }
+        if (body.which() == wire::Header::Body::ALIVE_REPLY &&
+            body.getAliveReply().getJobStopping() && !stopping_reported) {
+          stopping_reported = true;
+          LOG(WARNING) << "the coordinator says that the job stops: leaving it";
+          if (options_.on_job_stopping) options_.on_job_stopping();
         }
         if (body.which() == wire::Header::Body::ALIVE_REPLY &&
             body.getAliveReply().hasRedirects()) {

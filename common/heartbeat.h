@@ -11,7 +11,8 @@
 // same endpoint, and a restarted coordinator answers them with a new incarnation. Replies are read
 // without waiting; a reply saying that the coordinator evicted this process (a worker silent too
 // long, e.g. stopped with SIGSTOP, whose work went to others; or a server declared dead and
-// replaced by another process) sets evicted(), and the owner should stop. A reply that
+// replaced by another process) sets evicted(), and the owner should stop. A reply saying
+// that the job stops runs on_job_stopping once. A reply that
 // lists redirects (a dead server's shards are served by its promoted backup, --replicas=2)
 // is passed to the redirect handler, on every beat: the handler must be idempotent.
 //
@@ -46,6 +47,10 @@ struct HeartbeatOptions {
   // 0: never.
   std::chrono::milliseconds coordinator_timeout{0};
   std::function<void()> on_coordinator_lost;
+  // A reply said that the job stops (its coordinator got SIGTERM and will soon be gone):
+  // runs once, on the heartbeat thread. nullptr: nothing (a server is shut down by the
+  // coordinator itself).
+  std::function<void()> on_job_stopping;
   // The clock that coordinator_timeout is measured on; nullptr: steady_clock::now. Tests
   // set a fake one to decide when the coordinator has been silent too long. The interval
   // between beats is always real time.

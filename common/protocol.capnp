@@ -120,6 +120,9 @@ struct AliveReply {
   redirects @1 :List(ServerInfo);   # dead servers and where their shards are served now
   incarnation @2 :UInt64;   # the coordinator process's start (Unix ns): a new value says that
                             # it was restarted, and requests it had not answered are resent
+  jobStopping @3 :Bool;     # the job stops (SIGTERM to the coordinator): a worker leaves now,
+                            # as on its own SIGTERM, instead of waiting on a coordinator that
+                            # will be gone
 }
 
 # Primary server `primary` is dead: its backup serves the shadow copy of its shards from now

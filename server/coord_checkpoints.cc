@@ -200,8 +200,14 @@ void CheckpointBook::RecordWholeSet(const std::vector<bool>& training) {
 
 // The named clock must lie ahead of every server's slowest live clock when the answer
 // reaches it (up to a report interval later, and then the tick that completes it): the
-// fastest server's clock plus this many seconds at the fastest clock rate seen.
-constexpr double kCheckpointLeadSeconds = 3;
+// fastest server's clock plus this many seconds at the fastest clock rate seen. Two report
+// intervals and half a second for the messages on their way, at most 3 s: a lead longer
+// than a short job (or than what a stop may wait) names a set the job never reaches.
+namespace {
+double CheckpointLeadSeconds(const JobConfig& config) {
+  return std::min(3.0, 0.5 + 2 * config.report_every_seconds);
+}
+}  // namespace
 
 void CheckpointBook::MaybeNameClock(double now, const std::vector<ServerLive>& servers) {
   if (config_.checkpoint_dir.empty()) return;
@@ -237,8 +243,9 @@ void CheckpointBook::NameClock(double now, const std::vector<ServerLive>& server
     rate = std::max(rate, live.clocks_per_sec);
   }
   if (fastest < 0) return;  // nothing before the first server report
-  const int64_t at = std::max({fastest + 2 + static_cast<int64_t>(rate * kCheckpointLeadSeconds),
-                               recorded_clock_ + 1, checkpoint_at_ + 1});
+  const int64_t at =
+      std::max({fastest + 2 + static_cast<int64_t>(rate * CheckpointLeadSeconds(config_)),
+                recorded_clock_ + 1, checkpoint_at_ + 1});
   checkpoint_at_ = at;
   next_checkpoint_time_ = now + config_.checkpoint_every_seconds;
   LOG(INFO) << "next checkpoint set at clock " << at << " (servers at up to " << fastest << ", "

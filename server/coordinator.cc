@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 #include <kj/exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <optional>
@@ -61,6 +62,7 @@ Status CoordinatorJob::Run(const std::atomic<bool>& stop) {
   } else {
     outcome = Persist();
     if (outcome.ok()) outcome = Train(stop);
+    if (!outcome.ok() && stop.load()) SendWorkersHome();
   }
   checkpoints_.RecordWholeSet(members_.Training());  // the workers are done: it waits on nobody
   for (const Member& m : failover_.TakeWaiting()) {
@@ -239,6 +241,26 @@ Status CoordinatorJob::ReplyRegistration(const Member& m, uint32_t id, bool orig
   return Send(m.peer, b);
 }
 
+// Waits up to a poll interval for one request and handles it. OK when none came or it
+// was malformed (its sender is told); an error ends the job.
+Status CoordinatorJob::ServeNext() {
+  Result<Incoming> in = socket_->Recv(options_.poll_interval);
+  if (!in.ok()) {
+    if (in.status().code() == StatusCode::kDeadlineExceeded) return Status::Ok();
+    return in.status();
+  }
+  std::optional<DecodedHeader> h = Decode(*in);
+  if (!h) return Status::Ok();
+  try {
+    PS_RETURN_IF_ERROR(Dispatch(in->peer, h->get()));
+  } catch (const kj::Exception& e) {
+    ReplyError(in->peer, 0,
+               InvalidArgument(std::string("malformed request: ") + e.getDescription().cStr()));
+    progress_.Print(false, Elapsed());
+  }
+  return Status::Ok();
+}
+
 Status CoordinatorJob::Train(const std::atomic<bool>& stop) {
   while (!progress_.final_eval()) {
     if (stop.load()) PS_RETURN_IF_ERROR(OnStopSignal());
@@ -248,20 +270,7 @@ Status CoordinatorJob::Train(const std::atomic<bool>& stop) {
       return DeadlineExceeded("worker 0 sent no final evaluation within " +
                               std::to_string(options_.final_eval_timeout.count()) + " ms");
     }
-    Result<Incoming> in = socket_->Recv(options_.poll_interval);
-    if (!in.ok()) {
-      if (in.status().code() == StatusCode::kDeadlineExceeded) continue;
-      return in.status();
-    }
-    std::optional<DecodedHeader> h = Decode(*in);
-    if (!h) continue;
-    try {
-      PS_RETURN_IF_ERROR(Dispatch(in->peer, h->get()));
-    } catch (const kj::Exception& e) {
-      ReplyError(in->peer, 0,
-                 InvalidArgument(std::string("malformed request: ") + e.getDescription().cStr()));
-      progress_.Print(false, Elapsed());
-    }
+    PS_RETURN_IF_ERROR(ServeNext());
     if (divergence_) return Aborted("the model diverged: " + divergence_->reason);
   }
   for (size_t i = 0; i < members_.workers().size(); ++i) {
@@ -381,6 +390,7 @@ Status CoordinatorJob::OnAlive(const std::string& peer, uint64_t rid, wire::Aliv
   auto reply = NewHeader(b, rid, -1).getBody().initAliveReply();
   reply.setEvicted(evicted);
   reply.setIncarnation(incarnation_);
+  reply.setJobStopping(stopping_ && !server);
   if (failover_.any_redirects() && alive.getRole() == wire::Role::WORKER) {
     SetRedirects(reply, failover_.Redirects());
   }
@@ -605,7 +615,7 @@ Status CoordinatorJob::AnswerHeldLeases() {
 // evaluation). The evaluator (worker 0, or the lowest live worker when 0 is gone) gets
 // `evaluateFinal` instead of `doneReply` unless it is worker 0.
 Status CoordinatorJob::MaybeReleaseBarrier() {
-  if (barrier_released_ || !members_.AllLiveDone()) return Status::Ok();
+  if (barrier_released_ || stopping_ || !members_.AllLiveDone()) return Status::Ok();
   barrier_released_ = true;
   barrier_time_ = Clock::now();
   const int evaluator = members_.Evaluator();
@@ -634,10 +644,60 @@ Status CoordinatorJob::MaybeReleaseBarrier() {
 // The job was asked to stop (SIGTERM): OK means train on until the stop's checkpoint set
 // is recorded (server/coord_checkpoints.h).
 Status CoordinatorJob::OnStopSignal() {
+  // Training is over and the final evaluation runs: nothing is left to save, so the job
+  // ends as it would have (within --final_eval_timeout); stopping now would throw the
+  // evaluation away and leave the evaluator waiting on a coordinator that is gone.
+  if (barrier_released_) {
+    if (!stop_after_eval_noted_) {
+      std::printf("stopping: training is over; the job ends after its final evaluation\n");
+      std::fflush(stdout);
+      stop_after_eval_noted_ = true;
+    }
+    return Status::Ok();
+  }
   bool training = false;
   for (bool t : members_.Training()) training |= t;
-  return checkpoints_.OnStop(Clock::now(), Elapsed(), training && !barrier_released_,
-                             options_.stop_checkpoint_timeout, progress_.servers());
+  return checkpoints_.OnStop(Clock::now(), Elapsed(), training, options_.stop_checkpoint_timeout,
+                             progress_.servers());
+}
+
+// Every worker still training hears that the job stops with its next heartbeat reply and
+// leaves as on its own SIGTERM: it ends its step, flushes its pushes to the servers (still
+// up) and returns its chunk. Without this it would wait on a coordinator that is gone for
+// 3 x --heartbeat_timeout plus --coordinator_restart_timeout. A worker waiting in the
+// barrier (done) is answered at once. A worker that has not left within
+// 2 x --heartbeat_timeout (a beat every quarter of it) is left to notice on its own.
+void CoordinatorJob::SendWorkersHome() {
+  stopping_ = true;
+  const std::vector<Member>& workers = members_.workers();
+  std::vector<bool> told(workers.size());
+  auto answer_done = [&] {
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (told[i] || members_.Gone(i) || !workers[i].result.done) continue;
+      told[i] = true;
+      ReplyError(workers[i].peer, workers[i].result.done_request,
+                 Aborted("the job was stopped (SIGTERM to its coordinator) before every worker "
+                         "finished training"));
+    }
+  };
+  auto training = [&] {
+    const std::vector<bool> t = members_.Training();
+    return static_cast<int>(std::count(t.begin(), t.end(), true));
+  };
+  const auto deadline = Clock::now() + std::chrono::milliseconds(
+                                           static_cast<int64_t>(2000 * config_.heartbeat_timeout));
+  answer_done();
+  while (training() > 0 && Clock::now() < deadline) {
+    if (Status s = ServeNext(); !s.ok()) {
+      LOG(WARNING) << "stopping: " << s.ToString();
+      break;
+    }
+    answer_done();
+  }
+  if (int left = training(); left > 0) {
+    LOG(WARNING) << "stopping: " << left << " workers did not leave within "
+                 << 2 * config_.heartbeat_timeout << " s; shutting the servers down anyway";
+  }
 }
 
 void CoordinatorJob::OnDiverged(Divergence d) {

@@ -67,6 +67,7 @@ class CoordinatorJob {
 
   // ---- training ----
   Status Train(const std::atomic<bool>& stop);
+  Status ServeNext();
   Status Dispatch(const std::string& peer, wire::Header::Reader header);
   Status DispatchWorker(const std::string& peer, int w, wire::Header::Reader header);
   Status OnJoin(const std::string& peer, uint64_t rid, wire::Register::Reader reg);
@@ -87,6 +88,9 @@ class CoordinatorJob {
   Status AnswerHeldLeases();
   Status MaybeReleaseBarrier();
   Status OnStopSignal();
+  // The job stops (SIGTERM): tells the workers still in it to leave, and waits a bounded
+  // time for them to do so, before the servers are shut down.
+  void SendWorkersHome();
   // The model diverged (a worker's check, or the loss watch): the job stops at once.
   void OnDiverged(Divergence d);
 
@@ -135,6 +139,8 @@ class CoordinatorJob {
   double train_start_unix_ = 0;  // metrics lines' "time" minus this: seconds into training
   uint64_t messages_during_training_ = 0;  // requests from workers while the job ran
   bool barrier_released_ = false;
+  bool stop_after_eval_noted_ = false;  // "stopping: training is over" printed
+  bool stopping_ = false;  // SendWorkersHome runs: heartbeat replies say that the job stops
   int final_evaluator_ = -1;
   CoordClock::time_point barrier_time_;
   // When CheckHeartbeats last ran: a longer gap than the poll interval is the loop's own

@@ -747,7 +747,8 @@ Status RunWorker(const WorkerOptions& options, Transport* transport,
   // A dead coordinator may be restarted (server/coordinator.h): train on meanwhile.
   hopt.coordinator_timeout = std::chrono::milliseconds(static_cast<int64_t>(
       (reg.config.heartbeat_timeout * 3 + reg.config.coordinator_restart_timeout) * 1000));
-  hopt.on_coordinator_lost = options.on_coordinator_lost;
+  hopt.on_coordinator_lost = options.on_job_ending;
+  hopt.on_job_stopping = options.on_job_ending;
   PS_ASSIGN_OR_RETURN(std::unique_ptr<HeartbeatSender> heartbeat,
                       HeartbeatSender::Start(transport, hopt));
   json totals = json::object();

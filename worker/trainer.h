@@ -64,11 +64,12 @@ namespace ps {
 struct WorkerOptions {
   // The coordinator's endpoint. Required.
   std::string coordinator;
-  // Runs once, on the heartbeat thread, when the coordinator answered no heartbeat for
-  // 3 x the job's --heartbeat_timeout (the job stopped or the coordinator died); ps_worker
-  // makes it a SIGTERM to itself (drain, then leave within --drain_timeout_ms). nullptr:
-  // nothing happens (the worker's calls time out on their own).
-  std::function<void()> on_coordinator_lost;
+  // Runs once, on the heartbeat thread, when the job ends under this worker: the
+  // coordinator said that the job stops (it got SIGTERM), or it answered no heartbeat for
+  // 3 x the job's --heartbeat_timeout plus --coordinator_restart_timeout (it died and was
+  // not restarted). ps_worker makes it a SIGTERM to itself (drain, then leave within
+  // --drain_timeout_ms). nullptr: nothing happens (the worker's calls time out on their own).
+  std::function<void()> on_job_ending;
   // "cpu", "cuda", "cuda:N" (see kernels/kernels.h).
   std::string device = "cpu";
   std::chrono::milliseconds register_timeout{120000};

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -63,13 +64,40 @@ std::atomic<bool> g_stop{false};
 // --standalone stops at the next step on SIGTERM/SIGINT (it has no job to drain from).
 void OnSignal(int) { g_stop.store(true); }
 
-// SIGTERM and SIGINT go to this thread (blocked everywhere else): it asks the worker to
-// drain and, should draining take longer than --drain_timeout_ms, ends the process.
-void SignalThread(sigset_t signals, std::chrono::milliseconds drain_timeout) {
-  int sig = 0;
-  if (sigwait(&signals, &sig) != 0) return;
-  LOG(WARNING) << "signal " << sig << ": leaving the job within " << drain_timeout.count() << " ms";
+// Leaving the job (SIGTERM or SIGINT, or the job ending under this worker) is told to
+// the drain thread through this pipe: a signal handler may only store and write().
+int g_leave_pipe[2] = {-1, -1};
+std::atomic<int> g_leave_reason{0};  // the signal; 0: the job ends (heartbeat thread)
+
+void BeginLeaving(int reason) {
   g_stop.store(true);
+  g_leave_reason.store(reason);
+  const char byte = 1;
+  [[maybe_unused]] ssize_t n = write(g_leave_pipe[1], &byte, 1);
+}
+
+void OnLeaveSignal(int sig) { BeginLeaving(sig); }
+
+// Waits until the worker is to leave; it drains (pushes acknowledged, chunk returned) and,
+// should draining take longer than --drain_timeout_ms, this ends the process.
+//
+// The signals run a handler instead of being taken by sigwait: OpenBLAS starts its
+// threads before main() (a signal mask set here does not reach them), and a SIGTERM the
+// kernel hands to one of those would, with no handler, end the process on the spot.
+// Every thread started here blocks them but this one, so that a transport's blocking call
+// is not interrupted (EINTR) where a BLAS thread is not there to take them.
+void DrainThread(std::chrono::milliseconds drain_timeout) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);
+  char byte = 0;
+  while (read(g_leave_pipe[0], &byte, 1) < 0 && errno == EINTR) {
+  }
+  const int reason = g_leave_reason.load();
+  LOG(WARNING) << (reason != 0 ? "signal " + std::to_string(reason) : std::string("job ending"))
+               << ": leaving the job within " << drain_timeout.count() << " ms";
   std::this_thread::sleep_for(drain_timeout);
   LOG(ERROR) << "draining took longer than --drain_timeout_ms=" << drain_timeout.count()
              << "; exiting now";
@@ -118,8 +146,8 @@ ps::WorkerOptions WorkerOptionsFromFlags(ps::Metrics* metrics) {
   options.metrics = metrics;
   options.group = FLAGS_group;
   options.drain_timeout = std::chrono::milliseconds(FLAGS_drain_timeout_ms);
-  // The job is gone (stopped, or its coordinator died): leave as on a preemption notice.
-  options.on_coordinator_lost = [] { kill(getpid(), SIGTERM); };
+  // The job stops, or its coordinator died: leave as on a preemption notice.
+  options.on_job_ending = [] { BeginLeaving(0); };
   options.retry_interval = std::chrono::milliseconds(FLAGS_retry_ms);
   options.prefetch = FLAGS_prefetch;
   options.wire_dtype = FLAGS_wire_dtype;
@@ -147,13 +175,23 @@ int main(int argc, char** argv) {
                << ": expected a positive drain timeout and a retry interval >= 0";
     return 2;
   }
-  // Before any other thread starts, so that every thread inherits the mask.
+  if (pipe(g_leave_pipe) != 0) {
+    PLOG(ERROR) << "ps_worker: pipe";
+    return 2;
+  }
+  struct sigaction leave = {};
+  leave.sa_handler = OnLeaveSignal;
+  leave.sa_flags = SA_RESTART;
+  sigemptyset(&leave.sa_mask);
+  sigaction(SIGTERM, &leave, nullptr);
+  sigaction(SIGINT, &leave, nullptr);
+  // Before any other thread of ours starts, so that every one inherits the mask.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  std::thread(SignalThread, signals, std::chrono::milliseconds(FLAGS_drain_timeout_ms)).detach();
+  std::thread(DrainThread, std::chrono::milliseconds(FLAGS_drain_timeout_ms)).detach();
   ps::EnableFlushToZero();
   auto metrics =
       ps::StartProcessMetrics("worker", FLAGS_id, FLAGS_metrics_host, FLAGS_metrics_port);

@@ -32,9 +32,10 @@ constexpr std::chrono::seconds kWaitLimit{60};
 
 // What the test threads saw, bumped by them and waited on by the test body.
 struct Counts {
-  uint64_t beats = 0;    // heartbeats the coordinator received
-  uint64_t replies = 0;  // replies it sent
-  int lost = 0;          // on_coordinator_lost calls
+  uint64_t beats = 0;     // heartbeats the coordinator received
+  uint64_t replies = 0;   // replies it sent
+  int lost = 0;           // on_coordinator_lost calls
+  uint64_t stopping = 0;  // on_job_stopping calls
 };
 
 class Events {
@@ -95,6 +96,7 @@ class FakeCoordinator {
     thread_.join();
   }
   std::atomic<bool> answering{true};
+  std::atomic<bool> job_stopping{false};  // what the replies say
 
  private:
   void Loop() {
@@ -106,7 +108,10 @@ class FakeCoordinator {
       Result<DecodedHeader> h = DecodedHeader::Decode(in->frames[0]);
       if (!h.ok()) continue;
       capnp::MallocMessageBuilder b;
-      NewHeader(b, h->get().getRequestId(), -1).getBody().initAliveReply();
+      NewHeader(b, h->get().getRequestId(), -1)
+          .getBody()
+          .initAliveReply()
+          .setJobStopping(job_stopping.load());
       Frames f;
       f.push_back(EncodeFrame(b));
       if (socket_->Send(in->peer, std::move(f)).ok()) events_->Bump(&Counts::replies);
@@ -126,6 +131,7 @@ class HeartbeatTest : public ::testing::Test {
     o.interval = kInterval;
     o.coordinator_timeout = kTimeout;
     o.on_coordinator_lost = [this] { events_.Lost(); };
+    o.on_job_stopping = [this] { events_.Bump(&Counts::stopping); };
     if (fake_clock) o.now = [this] { return clock_.Now(); };
     Result<std::unique_ptr<HeartbeatSender>> h = HeartbeatSender::Start(&transport_, o);
     ASSERT_TRUE(h.ok()) << h.status().ToString();
@@ -198,6 +204,20 @@ TEST_F(HeartbeatTest, ASilentCoordinatorIsReportedLostOnceAfterTheTimeout) {
     ASSERT_NO_FATAL_FAILURE(WaitForATurn());
   }
   EXPECT_EQ(lost(), 1) << "reported more than once";
+}
+
+// A reply saying that the job stops runs on_job_stopping, once however many say so; the
+// coordinator, answering, is not lost.
+TEST_F(HeartbeatTest, AReplySayingTheJobStopsRunsOnJobStoppingOnce) {
+  ASSERT_NO_FATAL_FAILURE(Start(/*fake_clock=*/true));
+  ASSERT_NO_FATAL_FAILURE(WaitForAnAnswerRead());
+  EXPECT_EQ(events_.Get().stopping, 0u) << "called before any reply said so";
+  coordinator_.job_stopping = true;
+  ASSERT_TRUE(events_.WaitFor([](const Counts& c) { return c.stopping > 0; }))
+      << "replies saying that the job stops were never acted on";
+  for (int i = 0; i < 5; ++i) ASSERT_NO_FATAL_FAILURE(WaitForAnAnswerRead());
+  EXPECT_EQ(events_.Get().stopping, 1u) << "called more than once";
+  EXPECT_EQ(lost(), 0);
 }
 
 // The default clock (steady_clock): a coordinator that never answers is reported lost,

@@ -118,11 +118,29 @@ TEST_F(CoordCheckpointsTest, NamesAClockAheadOfTheFastestServerEveryPeriod) {
   book.MaybeNameClock(2.0, servers);
   EXPECT_EQ(book.checkpoint_at(), -1);
   book.MaybeNameClock(2.6, servers);
-  EXPECT_EQ(book.checkpoint_at(), 12 + 2 + 12);  // fastest + 2 + 4 clocks/s x 3 s
+  // The fastest + 2 + 4 clocks/s x 2.5 s (two report intervals of 1 s, and 0.5 s).
+  EXPECT_EQ(book.checkpoint_at(), 12 + 2 + 10);
   // One named clock at a time: not before every server passed it.
   servers[0].clock = 30;
   book.MaybeNameClock(10, servers);
-  EXPECT_EQ(book.checkpoint_at(), 26);
+  EXPECT_EQ(book.checkpoint_at(), 24);
+}
+
+// Servers that report often get a shorter lead (a lead of 3 s would outrun a short job);
+// reports every 2 s or more: 3 s.
+TEST_F(CoordCheckpointsTest, TheLeadFollowsTheReportInterval) {
+  for (auto [report, expected] :
+       {std::pair<const char*, int64_t>{"0.1", 12 + 2 + 2}, {"5", 12 + 2 + 12}}) {
+    JobConfig config = Config("2s");
+    config.report_every_seconds = std::stod(report);
+    CheckpointBook book(config);
+    std::vector<ServerLive> servers(1);
+    servers[0].clock = 12;
+    servers[0].clocks_per_sec = 4;
+    book.MaybeNameClock(0.5, servers);
+    book.MaybeNameClock(2.6, servers);
+    EXPECT_EQ(book.checkpoint_at(), expected) << "--report_every_seconds=" << report;
+  }
 }
 
 TEST_F(CoordCheckpointsTest, StopsAtOnceWithoutACheckpointDirectoryOrAnyoneTraining) {
