@@ -189,6 +189,7 @@ const std::vector<Field>& Fields() {
       StringField("staleness_lr", &JobConfig::staleness_lr, {"none", "inverse", "sqrt"}),
       DoubleField("pull_lookahead", &JobConfig::pull_lookahead, 0, 16, false),
       IntField("softsync", &JobConfig::softsync, 0, 65536),
+      IntField("local_steps", &JobConfig::local_steps, 1, 1024),
       DoubleField("divergence_loss_ratio", &JobConfig::divergence_loss_ratio, 0, 1e12, false),
       IntField("seed", &JobConfig::seed, 0, INT64_MAX),
       StringField("data_dir", &JobConfig::data_dir),
@@ -527,6 +528,17 @@ Status JobConfig::Validate() const {
     return BadValue("group_size", std::to_string(group_size),
                     "1 unless --model=mlp or network (groups all-reduce dense gradients; --model=" +
                         model + " pulls different rows on every worker)");
+  }
+  if (local_steps > 1 && model != "mlp" && model != "network") {
+    return BadValue("local_steps", std::to_string(local_steps),
+                    "1 unless --model=mlp or network (local steps move a worker's own copy of "
+                    "dense tables; --model=" +
+                        model + " pulls each batch's rows)");
+  }
+  if (local_steps > 1 && group_size > 1) {
+    return BadValue("local_steps", std::to_string(local_steps),
+                    "1 with --group_size=" + std::to_string(group_size) +
+                        " (a group's leader pushes its members' sum every step)");
   }
   // Without a directory nothing would be written, and a later --restore=latest would find
   // nothing: refuse rather than train on without the checkpoints the user asked for.

@@ -98,13 +98,21 @@ struct JobConfig {
   // The batches per update (c) that `softsync` means for this job: one push of each worker
   // (an all-reduce group's push counts its members' batches, server/softsync.h).
   int BatchesPerUpdate() const { return softsync == 0 ? num_workers : softsync; }
-  // The lr schedule's iteration once the workers' clocks add up to `worker_steps` (steps of
-  // --batch_size taken across the job): those minibatches, or, with --global_batch_size,
-  // the global batches they make (worker_steps / num_workers). Counting the whole job's
-  // steps, not one worker's clock, keeps the schedule on the job's pace under ASP, where a
-  // fast worker's clock runs hundreds of steps ahead of the others.
-  int64_t ScheduleIteration(int64_t worker_steps) const {
-    return global_batch_size > 0 ? worker_steps / std::max(num_workers, 1) : worker_steps;
+  // Local updates: a worker takes this many steps on its own copy of the parameters (plain
+  // SGD at the servers' current rate) between a pull and a push, and pushes the sum of
+  // their gradients as one update; its clock ticks once per push, so --staleness and
+  // softsync count pushes (rounds of local_steps batches). A round also ends with its data
+  // chunk. Dense models only (--model=mlp or network), without all-reduce groups. 1: a
+  // push every step.
+  int local_steps = 1;
+  // The lr schedule's iteration once the workers' clocks add up to `worker_clocks` (each of
+  // local_steps steps of --batch_size, taken across the job): those minibatches, or, with
+  // --global_batch_size, the global batches they make (divided by num_workers). Counting
+  // the whole job's steps, not one worker's clock, keeps the schedule on the job's pace
+  // under ASP, where a fast worker's clock runs hundreds of steps ahead of the others.
+  int64_t ScheduleIteration(int64_t worker_clocks) const {
+    const int64_t steps = worker_clocks * std::max(local_steps, 1);
+    return global_batch_size > 0 ? steps / std::max(num_workers, 1) : steps;
   }
   // The schedule's iterations in one epoch of `train_examples` examples: global batches
   // with --global_batch_size, else minibatches of --batch_size (rounded up).

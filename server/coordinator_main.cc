@@ -72,6 +72,9 @@ DEFINE_string(staleness_lr, kDefaults.staleness_lr,
 DEFINE_double(pull_lookahead, kDefaults.pull_lookahead,
               "pulls of momentum/nesterov tables return where the velocity carries the rows "
               "over this many times the mean staleness in updates (0: the stored values)");
+DEFINE_int32(local_steps, kDefaults.local_steps,
+             "mlp, network: steps a worker takes on its own copy (SGD at the servers' rate) "
+             "before it pushes their summed gradient as one update; clocks count pushes");
 DEFINE_int32(softsync, kDefaults.softsync,
              "n-softsync: servers apply the mean of this many pushes as one update (1: each "
              "push at once; 0: the number of workers)");

@@ -234,10 +234,11 @@ TrainingLoop::TrainingLoop(const JobConfig& config, const TrainingLoopOptions& o
       device_(options.device),
       slowdown_(options.slowdown),
       fixed_batch_(options.batch_size),
-      batch_(options.batch_size > 0 ? options.batch_size : config.batch_size) {
+      batch_(options.batch_size > 0 ? options.batch_size : config.batch_size),
+      local_(config) {
   bool bsp = false;
   for (const TableSpec& t : config.table_specs) bsp = bsp || config.StalenessOf(t) == 0;
-  prefetch_ = options.prefetch && !bsp && model->CanPrefetch();
+  prefetch_ = options.prefetch && !bsp && !local_.active() && model->CanPrefetch();
   const bool heavy_momentum =
       (config.optimizer == "momentum" || config.optimizer == "nesterov") && config.momentum > 0.5;
   if (prefetch_ && heavy_momentum && worker_id_ == 0) {
@@ -383,25 +384,30 @@ Status TrainingLoop::CheckDivergence(const BatchResult& br) {
 Status TrainingLoop::TrainStep(std::span<const int64_t> examples, int epoch,
                                double epoch_fraction) {
   RequestInfo info;
-  auto pull_start = SteadyClock::now();
-  if (prefetched_) {
-    prefetched_ = false;
-    PS_RETURN_IF_ERROR(model_->FinishPull(*client_, &info));
-  } else {
-    PS_RETURN_IF_ERROR(model_->Pull(*client_, examples, &info));
+  double held = 0;
+  // --local_steps: only a round's first step pulls; the others compute on the copy the
+  // round's earlier steps moved.
+  if (local_.starting()) {
+    auto pull_start = SteadyClock::now();
+    if (prefetched_) {
+      prefetched_ = false;
+      PS_RETURN_IF_ERROR(model_->FinishPull(*client_, &info));
+    } else {
+      PS_RETURN_IF_ERROR(model_->Pull(*client_, examples, &info));
+    }
+    // A prefetched pull may have been held while the last step computed: only the part of
+    // the hold this step actually waited for counts as waiting.
+    const double pulled_in = SecondsSince(pull_start);
+    pull_wait_ms_.push_back(static_cast<float>(pulled_in * 1e3));
+    held = std::min(info.held_seconds, pulled_in);
+    pull_seconds_ += pulled_in - held;
+    if (prefetch_) {
+      // The next step's pull, behind this step's compute; it will be used at clock + 1.
+      PS_RETURN_IF_ERROR(model_->StartPull(*client_, client_->clock() + 1));
+      prefetched_ = true;
+    }
+    pull_seconds_ += SecondsSince(pull_start) - pulled_in;  // issuing the prefetch
   }
-  // A prefetched pull may have been held while the last step computed: only the part of
-  // the hold this step actually waited for counts as waiting.
-  const double pulled_in = SecondsSince(pull_start);
-  pull_wait_ms_.push_back(static_cast<float>(pulled_in * 1e3));
-  const double held = std::min(info.held_seconds, pulled_in);
-  pull_seconds_ += pulled_in - held;
-  if (prefetch_) {
-    // The next step's pull, behind this step's compute; it will be used at clock + 1.
-    PS_RETURN_IF_ERROR(model_->StartPull(*client_, client_->clock() + 1));
-    prefetched_ = true;
-  }
-  pull_seconds_ += SecondsSince(pull_start) - pulled_in;  // issuing the prefetch
   auto compute_start = SteadyClock::now();
   // A push is its batch's mean gradient; scaled by n / batch_size, every example weighs the
   // same in the model whichever worker, and whichever batch size, it went through.
@@ -414,7 +420,10 @@ Status TrainingLoop::TrainStep(std::span<const int64_t> examples, int epoch,
     std::this_thread::sleep_for((SteadyClock::now() - compute_start) * (slowdown_ - 1));
   }
   compute_seconds_ += SecondsSince(compute_start);
-  PS_RETURN_IF_ERROR(PushAndTick());
+  const bool push = !local_.active() ||
+                    local_.Add(model_->DenseParams(), model_->DenseGrads(),
+                               local_.Rate(client_->stats().last_learning_rate, client_->clock()));
+  if (push) PS_RETURN_IF_ERROR(PushAndTick());
   ++steps_;
   examples_ += static_cast<int64_t>(examples.size());
   wait_seconds_ += held;
@@ -442,9 +451,15 @@ Status TrainingLoop::TrainChunk(const LeaseTable::Lease& lease, const std::atomi
         const double left = static_cast<double>(lease.end - begin);
         const double rate = compute_seconds_ > 0 ? examples_ / compute_seconds_ : 0;
         const double need = rate > 0 ? left / rate : 1e9;
-        if (need > std::chrono::duration<double>(drain_finish_chunk_).count()) return Status::Ok();
+        if (need > std::chrono::duration<double>(drain_finish_chunk_).count()) {
+          local_.Drop();  // the chunk goes back, and its round with it
+          return Status::Ok();
+        }
       }
-      if (SteadyClock::now() - stop_time_ > drain_finish_chunk_) return Status::Ok();
+      if (SteadyClock::now() - stop_time_ > drain_finish_chunk_) {
+        local_.Drop();
+        return Status::Ok();
+      }
     }
     if (group_ != nullptr) {
       // One step of the group: a batch for each member.
@@ -462,6 +477,8 @@ Status TrainingLoop::TrainChunk(const LeaseTable::Lease& lease, const std::atomi
     PS_RETURN_IF_ERROR(TrainStep(examples, lease.epoch, fraction));
     begin += n;
   }
+  // A round ends with its chunk: a chunk reported complete has every example pushed.
+  if (local_.Finish(model_->DenseGrads())) PS_RETURN_IF_ERROR(PushAndTick());
   *finished = true;
   return Status::Ok();
 }
@@ -695,7 +712,15 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
   lopt.prefetch = options.prefetch;
   TrainingLoop loop(config, lopt, client.get(), model.get(), &sink, &chunks);
   LOG(INFO) << "prefetch " << (loop.prefetching() ? "on" : "off")
-            << (options.prefetch && !loop.prefetching() ? " (BSP, or a model that cannot)" : "");
+            << (options.prefetch && !loop.prefetching()
+                    ? " (BSP, --local_steps, or a model that cannot)"
+                    : "");
+  if (!options.group.empty() && config.local_steps > 1) {
+    return InvalidArgument(
+        "--group=" + options.group +
+        " cannot be used in a job with --local_steps=" + std::to_string(config.local_steps) +
+        ": expected no group (a group's leader pushes every step)");
+  }
   std::unique_ptr<GroupComm> group = JoinWorkerGroup(reg, *kernels, transport);
   bool alone = true;
   if (group != nullptr && group->leader()) {

@@ -57,6 +57,7 @@
 #include "kernels/kernels.h"
 #include "worker/group_comm.h"
 #include "worker/kv_client.h"
+#include "worker/local_round.h"
 #include "worker/model.h"
 
 namespace ps {
@@ -167,7 +168,7 @@ struct TrainingLoopOptions {
   // max_batch must cover what the source may ask for.
   int batch_size = 0;
   // Pull the next step's parameters while this step computes (WorkerOptions::prefetch);
-  // ignored under BSP and for models that cannot prefetch.
+  // ignored under BSP, with --local_steps > 1, and for models that cannot prefetch.
   bool prefetch = false;
 };
 
@@ -253,6 +254,7 @@ class TrainingLoop {
   bool stop_seen_ = false;
   std::chrono::steady_clock::time_point stop_time_;
   uint64_t pushes_lost_ = 0;  // push or tick requests that failed (not acknowledged)
+  LocalRound local_;          // --local_steps: the current round of steps between pushes
   bool prefetch_ = false;     // prefetching at all
   bool prefetched_ = false;   // a prefetch for the next step is in flight
   // Step time breakdown (see the top of this file).

@@ -165,6 +165,27 @@ TEST(JobConfigTest, GroupsAreForDenseModelsAndNeedAPositiveTimeout) {
   EXPECT_FALSE(JobConfig::FromFlagMap({{"group_timeout_seconds", "0"}}).ok());
 }
 
+// --local_steps: dense models without groups; a clock is then a round of local_steps
+// batches, which the schedule counts; the setting reaches every process.
+TEST(JobConfigTest, LocalStepsAreForDenseModelsAloneAndCountInTheSchedule) {
+  Result<JobConfig> c = JobConfig::FromFlagMap(
+      {{"local_steps", "4"}, {"global_batch_size", "512"}, {"num_workers", "4"}});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->ScheduleIteration(100), 100);  // 4 workers' 25 rounds: 100 global batches
+  EXPECT_EQ(JobConfig::FromFlagMap(c->ToFlagMap())->local_steps, 4);
+  Result<JobConfig> sparse = JobConfig::FromFlagMap(
+      {{"local_steps", "4"}, {"model", "sparse_lr"}, {"train_data", "x"}, {"test_data", "y"}});
+  ASSERT_FALSE(sparse.ok());
+  EXPECT_NE(sparse.status().message().find("--local_steps=4"), std::string::npos)
+      << sparse.status().message();
+  EXPECT_NE(sparse.status().message().find("--model=sparse_lr"), std::string::npos);
+  Result<JobConfig> grouped = JobConfig::FromFlagMap({{"local_steps", "2"}, {"group_size", "2"}});
+  ASSERT_FALSE(grouped.ok());
+  EXPECT_NE(grouped.status().message().find("--group_size=2"), std::string::npos)
+      << grouped.status().message();
+  EXPECT_FALSE(JobConfig::FromFlagMap({{"local_steps", "0"}}).ok());
+}
+
 TEST(JobConfigTest, ModelNoneNeedsTables) {
   EXPECT_FALSE(JobConfig::FromFlagMap({{"model", "none"}}).ok());
   Result<JobConfig> r = JobConfig::FromFlagMap({{"model", "none"}, {"tables", "d:4:2"}});

@@ -44,6 +44,8 @@ class CollectingSink : public ProgressSink {
   std::vector<nlohmann::json> lines;
 };
 
+const MlpShape kShape{{784, 16, 10}};  // Config's --mlp_layers
+
 JobConfig Config(int staleness, int workers) {
   return JobConfig::FromFlagMap({{"model", "mlp"},
                                  {"mlp_layers", "784,16,10"},
@@ -58,14 +60,18 @@ JobConfig Config(int staleness, int workers) {
       .value();
 }
 
-TEST(TrainingLoopTest, OneWorkerUnderBspIsSequentialSgdToTheLastBit) {
-  const JobConfig config = Config(0, 1);
-  const ImageDataset train = MakeImages(300, 1);  // 300/32: the last batch is partial
-  const ImageDataset test = MakeImages(100, 2);
+// Trains `config` (one worker) with the loop against in-process servers; returns the
+// final model as the servers hold it, one vector per table.
+struct LoopRun {
+  std::vector<std::vector<float>> params;
+  std::vector<nlohmann::json> lines;
+  nlohmann::json totals;
+};
+void RunOneWorker(const JobConfig& config, const ImageDataset& train, const ImageDataset& test,
+                  LoopRun* out) {
   Transport transport;
   testing::InProcessCluster cluster(&transport, config);
   auto kernels = MakeKernels("cpu").value();
-  MlpShape shape{{784, 16, 10}};
   auto model = MakeMlpModel(config, kernels.get(), config.batch_size, train, test).value();
   auto client = KVClient::Create(&transport, config, cluster.endpoints(), {}).value();
   CollectingSink sink;
@@ -74,74 +80,121 @@ TEST(TrainingLoopTest, OneWorkerUnderBspIsSequentialSgdToTheLastBit) {
   TrainingLoop loop(config, {}, client.get(), model.get(), &sink, &chunks);
   std::atomic<bool> stop{false};
   ASSERT_TRUE(loop.Run(stop).ok());
-  // The final model, as the servers hold it.
-  std::vector<std::vector<float>> final_params;
-  for (size_t i = 0; i < 4; ++i) {
-    const TableSpec& t = config.table_specs[i];
-    final_params.emplace_back(t.rows * t.width);
-    ASSERT_TRUE(client->Wait(client->PullRange(t.id, RowRange{0, t.rows}, final_params[i])).ok());
+  for (const TableSpec& t : config.table_specs) {
+    out->params.emplace_back(t.rows * t.width);
+    ASSERT_TRUE(
+        client->Wait(client->PullRange(t.id, RowRange{0, t.rows}, out->params.back())).ok());
   }
+  out->lines = sink.lines;
+  out->totals = loop.Totals();
+}
 
-  // The same computation in one process: initial rows as the servers make them, the same
-  // batches, w -= lr * g in float.
+// The same computation in one process: initial rows as the servers make them, the same
+// batches (chunks of chunk_examples cut into batches of batch_size, the last one of a chunk
+// partial and weighed by n / batch_size), w -= lr * g in float. With local_steps T, rounds
+// of T batches (or to the chunk's end): each batch's gradient at the round's copy, which
+// moves by -lr * g, and the servers' w -= lr * (the round's sum).
+std::vector<std::vector<float>> SequentialSgd(const JobConfig& config, const MlpShape& shape,
+                                              const ImageDataset& train) {
+  auto kernels = MakeKernels("cpu").value();
+  const int batch = config.batch_size;
+  const size_t chunk_size = static_cast<size_t>(config.chunk_examples);
+  const size_t tables = config.table_specs.size();
   std::vector<std::vector<float>> w;
-  for (size_t i = 0; i < 4; ++i) {
-    const TableSpec& t = config.table_specs[i];
+  for (const TableSpec& t : config.table_specs) {
     w.emplace_back(t.rows * t.width);
     for (uint64_t r = 0; r < t.rows; ++r) {
-      InitializeRow(t, config.seed, r, std::span<float>(w[i].data() + r * t.width, t.width));
+      InitializeRow(t, config.seed, r, std::span<float>(w.back().data() + r * t.width, t.width));
     }
   }
-  std::vector<std::vector<float>> g;
-  for (auto& v : w) g.emplace_back(v.size());
-  auto ref_mlp = Mlp::Create(shape, kernels.get(), config.batch_size).value();
+  std::vector<std::vector<float>> g, sum;
+  for (auto& v : w) {
+    g.emplace_back(v.size());
+    sum.emplace_back(v.size());
+  }
+  auto ref_mlp = Mlp::Create(shape, kernels.get(), batch).value();
   const float lr = static_cast<float>(config.base_lr);
-  std::vector<float> x(32 * 784);
-  std::vector<int32_t> y(32);
+  std::vector<float> x(static_cast<size_t>(batch) * 784);
+  std::vector<int32_t> y(static_cast<size_t>(batch));
   for (int epoch = 1; epoch <= config.epochs; ++epoch) {
     std::vector<int64_t> order = EpochOrder(config.seed, epoch, train.count);
-    // Chunks of 100 examples, each cut into batches of 32: the last batch of a chunk is
-    // partial (4 examples), which the loop weighs by 4/32.
-    for (size_t chunk = 0; chunk < order.size(); chunk += 100) {
-      const size_t chunk_end = std::min(order.size(), chunk + 100);
-      for (size_t b = chunk; b < chunk_end; b += 32) {
-        const int n = static_cast<int>(std::min<size_t>(32, chunk_end - b));
+    for (size_t chunk = 0; chunk < order.size(); chunk += chunk_size) {
+      const size_t chunk_end = std::min(order.size(), chunk + chunk_size);
+      std::vector<std::vector<float>> local = w;  // the round's copy
+      int taken = 0;
+      for (size_t b = chunk; b < chunk_end; b += static_cast<size_t>(batch)) {
+        const int n = static_cast<int>(std::min<size_t>(batch, chunk_end - b));
         for (int i = 0; i < n; ++i) {
           std::memcpy(x.data() + i * 784, train.pixels.data() + order[b + i] * 784, 784 * 4);
           y[i] = train.labels[order[b + i]];
         }
         std::vector<const float*> params;
         std::vector<float*> grads;
-        for (size_t i = 0; i < 4; ++i) {
-          params.push_back(w[i].data());
+        for (size_t i = 0; i < tables; ++i) {
+          params.push_back(local[i].data());
           grads.push_back(g[i].data());
         }
         BatchResult r;
-        ASSERT_TRUE(ref_mlp->ForwardBackward(x.data(), y.data(), n, params, grads, &r).ok());
-        const float scale = static_cast<float>(n) / 32.0f;
-        for (size_t i = 0; i < 4; ++i) {
+        EXPECT_TRUE(ref_mlp->ForwardBackward(x.data(), y.data(), n, params, grads, &r).ok());
+        const float scale = static_cast<float>(n) / static_cast<float>(batch);
+        for (size_t i = 0; i < tables; ++i) {
           for (size_t j = 0; j < w[i].size(); ++j) {
-            float grad = g[i][j];
-            if (n != 32) grad *= scale;
-            w[i][j] -= lr * grad;
+            if (n != batch) g[i][j] *= scale;
+            sum[i][j] += g[i][j];
           }
+        }
+        const bool last = ++taken == config.local_steps || b + batch >= chunk_end;
+        for (size_t i = 0; i < tables; ++i) {
+          for (size_t j = 0; j < w[i].size(); ++j) {
+            if (!last) {
+              local[i][j] -= lr * g[i][j];
+              continue;
+            }
+            w[i][j] -= lr * sum[i][j];
+            sum[i][j] = 0;
+          }
+        }
+        if (last) {
+          local = w;
+          taken = 0;
         }
       }
     }
   }
-  for (size_t i = 0; i < 4; ++i) {
-    ASSERT_EQ(final_params[i].size(), w[i].size());
-    EXPECT_EQ(std::memcmp(final_params[i].data(), w[i].data(), w[i].size() * sizeof(float)), 0)
-        << "table " << config.table_specs[i].name << " differs from sequential SGD";
+  return w;
+}
+
+// Runs `config` with the loop and fails unless the servers' model equals SequentialSgd's
+// bit for bit; *w gets the latter.
+void RunAndCompare(const JobConfig& config, const ImageDataset& train, const ImageDataset& test,
+                   LoopRun* run, std::vector<std::vector<float>>* w) {
+  ASSERT_NO_FATAL_FAILURE(RunOneWorker(config, train, test, run));
+  *w = SequentialSgd(config, kShape, train);
+  for (size_t i = 0; i < w->size(); ++i) {
+    ASSERT_EQ(run->params[i].size(), (*w)[i].size());
+    EXPECT_EQ(std::memcmp(run->params[i].data(), (*w)[i].data(), (*w)[i].size() * sizeof(float)), 0)
+        << "table " << config.table_specs[i].name << " differs from the sequential computation";
   }
+}
+
+TEST(TrainingLoopTest, OneWorkerUnderBspIsSequentialSgdToTheLastBit) {
+  const JobConfig config = Config(0, 1);
+  const ImageDataset train = MakeImages(300, 1);  // 300/32: the last batch is partial
+  const ImageDataset test = MakeImages(100, 2);
+  LoopRun run;
+  std::vector<std::vector<float>> w;
+  ASSERT_NO_FATAL_FAILURE(RunAndCompare(config, train, test, &run, &w));
   // The model moved, so the comparison is not trivially between two initial states.
   std::vector<float> init(config.table_specs[0].width);
   InitializeRow(config.table_specs[0], config.seed, 0, init);
   EXPECT_NE(std::memcmp(init.data(), w[0].data(), init.size() * sizeof(float)), 0);
+  const float lr = static_cast<float>(config.base_lr);
+  std::vector<nlohmann::json>& lines = run.lines;
+  nlohmann::json& totals = run.totals;
 
   // Reports: train lines with the figures the coordinator aggregates.
   int train_lines = 0, eval_lines = 0;
-  for (const auto& line : sink.lines) {
+  for (const auto& line : lines) {
     if (line["kind"] == "train") {
       ++train_lines;
       EXPECT_TRUE(line.contains("wait_seconds"));
@@ -155,11 +208,30 @@ TEST(TrainingLoopTest, OneWorkerUnderBspIsSequentialSgdToTheLastBit) {
   }
   EXPECT_GT(train_lines, 0);
   EXPECT_EQ(eval_lines, 1);  // after epoch 1; the final one is the caller's
-  nlohmann::json totals = loop.Totals();
   // 3 chunks of 100 (4 batches each: 32, 32, 32, 4) per epoch, 2 epochs.
   EXPECT_EQ(totals["examples"].get<int64_t>(), 600);
   EXPECT_EQ(totals["steps"].get<int64_t>(), 24);
   EXPECT_EQ(totals["clock"].get<int64_t>(), 24);
+}
+
+// --local_steps=3, one worker under BSP: each round of 3 batches (or to its chunk's end)
+// computes on the worker's copy, moved by SGD between its steps, and pushes the round's
+// sum once. The servers' model is the sequential computation's to the last bit, in half
+// the clocks (a chunk of 100 is batches 32, 32, 32 | 4: two rounds).
+TEST(TrainingLoopTest, LocalStepsPushEachRoundsSumToTheLastBit) {
+  JobConfig config = Config(0, 1);
+  config.local_steps = 3;
+  const ImageDataset train = MakeImages(300, 1);
+  const ImageDataset test = MakeImages(100, 2);
+  LoopRun run;
+  std::vector<std::vector<float>> w;
+  ASSERT_NO_FATAL_FAILURE(RunAndCompare(config, train, test, &run, &w));
+  // Not the model of a push per step: the rounds changed what was computed.
+  const std::vector<std::vector<float>> per_step = SequentialSgd(Config(0, 1), kShape, train);
+  EXPECT_NE(std::memcmp(per_step[0].data(), w[0].data(), w[0].size() * sizeof(float)), 0);
+  EXPECT_EQ(run.totals["examples"].get<int64_t>(), 600);
+  EXPECT_EQ(run.totals["steps"].get<int64_t>(), 24);
+  EXPECT_EQ(run.totals["clock"].get<int64_t>(), 12);
 }
 
 // Two workers under BSP, one 4x slower: the fast one is held (waits), never more than one
