@@ -17,7 +17,7 @@
 # server i on P+1+i, worker i on P+1+SERVERS+i (default 0: off).
 # --worker_flags passes ps_worker flags to every worker (e.g. "--prefetch=false").
 # --server_flags passes ps_server flags to every server, restarted ones too (e.g.
-# "--server_threads=4": none by default, so each server applies on one thread).
+# "--server_threads=4"; by default a server takes a quarter of the cores, 1 to 8).
 # --transport: how workers reach the servers on this machine: ipc (Unix sockets, about
 # twice loopback TCP's goodput, the default) or tcp (127.0.0.1, as remote peers would).
 # Traffic is authenticated and encrypted (CurveZMQ): keys are made in RUN_DIR/keys unless
@@ -268,7 +268,7 @@ start() {
 }
 
 # Flagfiles may name other flagfiles relative to the repository root (configs/...).
-cd "$root"
+cd "$root" || exit 1
 echo "run directory: $run_dir"
 elapsed
 echo "launch_local.sh: checks, build and keys took $ELAPSED s" >"$launcher_log"

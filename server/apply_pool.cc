@@ -7,11 +7,14 @@
 
 namespace ps {
 
+int SharedServerThreads(int cores) { return std::clamp(cores / 4, 1, 8); }
+
 Result<int> ResolveServerThreads(int requested) {
-  if (requested < 0 || requested > kMaxServerThreads) {
-    return InvalidArgument("--server_threads=" + std::to_string(requested) + " is outside [0, " +
+  if (requested < kSharedServerThreads || requested > kMaxServerThreads) {
+    return InvalidArgument("--server_threads=" + std::to_string(requested) + " is outside [-1, " +
                            std::to_string(kMaxServerThreads) +
-                           "] (0: one per core this process may use, at most " +
+                           "] (-1: a quarter of the cores this process may use, at most 8; 0: "
+                           "one per core, at most " +
                            std::to_string(kMaxAutoServerThreads) + ")");
   }
   if (requested > 0) return requested;
@@ -19,6 +22,7 @@ Result<int> ResolveServerThreads(int requested) {
   CPU_ZERO(&set);
   int cores = 1;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = std::max(1, CPU_COUNT(&set));
+  if (requested == kSharedServerThreads) return SharedServerThreads(cores);
   return std::min(cores, kMaxAutoServerThreads);
 }
 

@@ -27,11 +27,19 @@
 namespace ps {
 
 // The number of threads --server_threads=N asks for: N itself for N >= 1; for 0, the cores
-// this process may run on (sched_getaffinity) capped at kMaxAutoServerThreads.
-// InvalidArgument for N < 0 or N > kMaxServerThreads.
+// this process may run on (sched_getaffinity) capped at kMaxAutoServerThreads; for
+// kSharedServerThreads (ps_server's default), SharedServerThreads of those cores.
+// InvalidArgument for N < -1 or N > kMaxServerThreads.
 inline constexpr int kMaxAutoServerThreads = 16;
 inline constexpr int kMaxServerThreads = 256;
+inline constexpr int kSharedServerThreads = -1;
 Result<int> ResolveServerThreads(int requested);
+
+// A server's share of `cores` when it shares its host with other servers and workers, as a
+// local job or a small cluster does: a quarter of them, at least 1, at most 8. On 16 idle
+// cores 4-8 threads gave 1.3-3.1x on pushes and 2.7-6.3x on pulls (issue 22); on 2 busy
+// cores a second thread gave nothing (README, Server threads), and this gives 1.
+int SharedServerThreads(int cores);
 
 // The part (in [0, parts)) that owns sparse key `key`: a hash of the key, so that
 // consecutive ids spread over the parts and a key always lands on the same one.

@@ -124,7 +124,8 @@ struct StoreOptions {
   // Threads that apply pushes and gather pulls, the request thread included
   // (--server_threads; see the thread model above). 1, the default: everything on the
   // request thread, as before threads existed. 0: one per core this process may use
-  // (sched_getaffinity), at most kMaxAutoServerThreads (server/apply_pool.h).
+  // (sched_getaffinity), at most kMaxAutoServerThreads; -1: a quarter of those
+  // (SharedServerThreads, ps_server's default; server/apply_pool.h).
   int server_threads = 1;
   // A request (or a batch of fetched sparse rows) with fewer bytes of row values than this
   // is done inline on the request thread: waking the pool costs more than it saves.

@@ -29,10 +29,11 @@ DEFINE_string(spill_dir, "",
 DEFINE_string(spill_engine, "rocksdb",
               "what holds spilled rows: rocksdb, or file (an on-disk hash table of fixed-size "
               "rows read with pread: 2.4-3.7x faster spilled pulls)");
-DEFINE_int32(server_threads, 1,
-             "threads that apply pushes and gather pulls, rows split among them by key (1: all "
-             "on the request thread; 0: one per core this process may use, at most 16); requests "
-             "under 64 KB of rows stay on the request thread");
+DEFINE_int32(server_threads, ps::kSharedServerThreads,
+             "threads that apply pushes and gather pulls, rows split among them by key (-1: a "
+             "quarter of the cores this process may use, 1 to 8, for a host shared with other "
+             "servers and workers; 0: one per core, at most 16, for a host of its own; 1: all "
+             "on the request thread); requests under 64 KB of rows stay on the request thread");
 DEFINE_int64(max_frame_mb, 1024,
              "largest frame accepted, MB; a peer sending a larger one is disconnected");
 DEFINE_int32(max_frames, 64,

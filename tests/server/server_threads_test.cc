@@ -246,7 +246,15 @@ TEST(ApplyPoolTest, ResolveServerThreads) {
   const int automatic = ResolveServerThreads(0).value();
   EXPECT_GE(automatic, 1);
   EXPECT_LE(automatic, kMaxAutoServerThreads);
-  EXPECT_EQ(ResolveServerThreads(-1).status().code(), StatusCode::kInvalidArgument);
+  const int shared = ResolveServerThreads(kSharedServerThreads).value();
+  EXPECT_GE(shared, 1);
+  EXPECT_LE(shared, automatic);
+  EXPECT_EQ(ResolveServerThreads(-2).status().code(), StatusCode::kInvalidArgument);
+  // A quarter of the cores, 1 to 8: nothing more than the request thread on a small box.
+  EXPECT_EQ(SharedServerThreads(1), 1);
+  EXPECT_EQ(SharedServerThreads(2), 1);
+  EXPECT_EQ(SharedServerThreads(16), 4);
+  EXPECT_EQ(SharedServerThreads(128), 8);
   EXPECT_EQ(ResolveServerThreads(kMaxServerThreads + 1).status().code(),
             StatusCode::kInvalidArgument);
   StoreOptions bad;
