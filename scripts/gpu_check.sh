@@ -91,7 +91,7 @@ standalone() {  # label name flagfile job_flags
   row "$1" "$run" "$status"
 }
 
-job() {  # label name flagfile servers workers job_flags
+job() {  # label name flagfile servers workers job_flags [worker_flags]
   local run="$out/$2" servers=$4 workers=$5 pids=() status=ok
   rm -rf "$run"; mkdir -p "$run"
   # shellcheck disable=SC2086  # $6: the job's flags, one word each
@@ -106,7 +106,9 @@ job() {  # label name flagfile servers workers job_flags
       "$bin/ps_server" --coordinator="$ep" --insecure >"$run/server-$s.log" 2>&1 & pids+=($!)
     done
     for w in $(seq "$workers"); do
-      "$bin/ps_worker" --coordinator="$ep" --insecure --device="$device" >"$run/worker-$w.log" 2>&1 &
+      # shellcheck disable=SC2086  # $7: the workers' own flags, one word each
+      "$bin/ps_worker" --coordinator="$ep" --insecure --device="$device" ${7:-} \
+        >"$run/worker-$w.log" 2>&1 &
       pids+=($!)
     done
     wait_bounded "$coord" || { status="failed ($?)"; rc=1; }
@@ -140,7 +142,9 @@ for r in $rows; do
     small)
       pytorch "small MLP: PyTorch (batch 512)" pt_small ""
       standalone "small MLP: ps_worker --standalone" sa_small fashion_mnist_mlp.flags ""
-      job "small MLP: job, 1 server + 1 worker" job_small fashion_mnist_mlp.flags 1 1 "" ;;
+      job "small MLP: job, 1 server + 1 worker" job_small fashion_mnist_mlp.flags 1 1 ""
+      job "small MLP: job, 1 + 1, --local_steps=4" job_small_ls4 fashion_mnist_mlp.flags 1 1 \
+        "--local_steps=4" ;;
     wide)
       pytorch "wide MLP: PyTorch (batch 256)" pt_wide "--layers=784,4096,4096,10 --batch_size=256"
       standalone "wide MLP: ps_worker --standalone" sa_wide fashion_mnist_mlp.flags \
@@ -148,7 +152,14 @@ for r in $rows; do
       job "wide MLP: job, 2 servers + 1 worker" job_wide1 fashion_mnist_mlp.flags 2 1 \
         "$wide --global_batch_size=256"
       job "wide MLP: job, 2 servers + 4 workers" job_wide4 fashion_mnist_mlp.flags 2 4 \
-        "$wide --global_batch_size=1024" ;;
+        "$wide --global_batch_size=1024"
+      # The settings the README names for a GPU worker: local steps and 16-bit pushes.
+      job "wide MLP: job, 2 + 1, --local_steps=4, bf16 pushes" job_wide1_ls4 \
+        fashion_mnist_mlp.flags 2 1 "$wide --global_batch_size=256 --local_steps=4" \
+        "--wire_dtype=bf16"
+      job "wide MLP: job, 2 + 4, --local_steps=4, bf16 pushes" job_wide4_ls4 \
+        fashion_mnist_mlp.flags 2 4 "$wide --global_batch_size=1024 --local_steps=4" \
+        "--wire_dtype=bf16" ;;
     cnn)
       pytorch "CNN: PyTorch (batch 64)" pt_cnn \
         "--model=cnn --batch_size=64 --base_lr=0.03 --warmup_iters=0 --no_nesterov"

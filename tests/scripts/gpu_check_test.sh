@@ -44,6 +44,8 @@ grep -Eq "^\| small MLP: ps_worker --standalone \| $row .* \| ok \|$" "$tmp/tabl
   fail "no standalone row"
 grep -Eq "^\| small MLP: job, 1 server \+ 1 worker \| $row .* \| ok \|$" "$tmp/table.txt" ||
   fail "no job row"
+grep -Eq "^\| small MLP: job, 1 \+ 1, --local_steps=4 \| $row .* \| ok \|$" "$tmp/table.txt" ||
+  fail "no local-steps row"
 if [ "$torch" = 1 ]; then
   grep -Eq "^\| small MLP: PyTorch \(batch 512\) \| $row  \| ok \|$" "$tmp/table.txt" ||
     fail "no PyTorch row"
