@@ -272,6 +272,7 @@ struct Pull {
   tableId @0 :UInt32;
   keys @1 :Keys;
   clock @2 :Int64;            # the pulling worker's clock, for the staleness bound
+  valueDtype @3 :UInt8;       # how the reply's values travel: 0 fp32, 1 bf16, 2 fp16
 }
 
 struct PullReply {
@@ -279,6 +280,7 @@ struct PullReply {
   version @1 :UInt64;         # the shard's version: pushes applied to this table here
   clockLag @2 :Int64;         # the puller's clock minus the slowest live worker's
   heldMicros @3 :UInt64;      # how long the staleness bound held the pull
+  valueDtype @4 :UInt8;       # the values frame's type (the pull's valueDtype)
 }
 
 struct Error {

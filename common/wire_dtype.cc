@@ -20,11 +20,11 @@ float FromBits(uint32_t x) {
 
 }  // namespace
 
-Result<WireDtype> ParseWireDtype(const std::string& name) {
+Result<WireDtype> ParseWireDtype(const std::string& name, const std::string& flag) {
   if (name == "fp32") return WireDtype::kFp32;
   if (name == "bf16") return WireDtype::kBf16;
   if (name == "fp16") return WireDtype::kFp16;
-  return InvalidArgument("--wire_dtype=" + name + " is not allowed: expected fp32, bf16 or fp16");
+  return InvalidArgument("--" + flag + "=" + name + " is not allowed: expected fp32, bf16 or fp16");
 }
 
 const char* WireDtypeName(WireDtype dtype) {

@@ -20,8 +20,8 @@ namespace ps {
 
 enum class WireDtype : uint8_t { kFp32 = 0, kBf16 = 1, kFp16 = 2 };
 
-// "fp32", "bf16" or "fp16"; InvalidArgument naming the value otherwise.
-Result<WireDtype> ParseWireDtype(const std::string& name);
+// "fp32", "bf16" or "fp16"; InvalidArgument naming the flag and the value otherwise.
+Result<WireDtype> ParseWireDtype(const std::string& name, const std::string& flag = "wire_dtype");
 const char* WireDtypeName(WireDtype dtype);
 // Bytes per value on the wire.
 size_t WireDtypeBytes(WireDtype dtype);

@@ -153,13 +153,13 @@ for r in $rows; do
         "$wide --global_batch_size=256"
       job "wide MLP: job, 2 servers + 4 workers" job_wide4 fashion_mnist_mlp.flags 2 4 \
         "$wide --global_batch_size=1024"
-      # The settings the README names for a GPU worker: local steps and 16-bit pushes.
-      job "wide MLP: job, 2 + 1, --local_steps=4, bf16 pushes" job_wide1_ls4 \
+      # The settings the README names for a GPU worker: local steps, 16-bit pushes and pulls.
+      job "wide MLP: job, 2 + 1, --local_steps=4, bf16 wire" job_wide1_ls4 \
         fashion_mnist_mlp.flags 2 1 "$wide --global_batch_size=256 --local_steps=4" \
-        "--wire_dtype=bf16"
-      job "wide MLP: job, 2 + 4, --local_steps=4, bf16 pushes" job_wide4_ls4 \
+        "--wire_dtype=bf16 --pull_dtype=bf16"
+      job "wide MLP: job, 2 + 4, --local_steps=4, bf16 wire" job_wide4_ls4 \
         fashion_mnist_mlp.flags 2 4 "$wide --global_batch_size=1024 --local_steps=4" \
-        "--wire_dtype=bf16" ;;
+        "--wire_dtype=bf16 --pull_dtype=bf16" ;;
     cnn)
       pytorch "CNN: PyTorch (batch 64)" pt_cnn \
         "--model=cnn --batch_size=64 --base_lr=0.03 --warmup_iters=0 --no_nesterov"

@@ -465,10 +465,14 @@ Result<Frames> ServerCore::ServePull(const std::string& peer, wire::Header::Read
     return InvalidArgument("pull has " + std::to_string(request.size()) + " frames, expected " +
                            std::to_string(a.next_frame));
   }
+  PS_ASSIGN_OR_RETURN(WireDtype dtype, WireDtypeFromWire(pull.getValueDtype()));
   const size_t width = a.table->width();
-  const size_t bytes = a.rows * width * sizeof(float);
+  const size_t bytes = a.rows * width * WireDtypeBytes(dtype);
   zmq::message_t values = frame_allocator_ ? frame_allocator_(peer, bytes) : zmq::message_t(bytes);
-  float* dst = static_cast<float*>(values.data());
+  // 16-bit pulls (a worker's --pull_dtype) are gathered in fp32 first, then narrowed.
+  std::vector<float> wide;
+  if (dtype != WireDtype::kFp32) wide.resize(a.rows * width);
+  float* dst = dtype == WireDtype::kFp32 ? static_cast<float*>(values.data()) : wide.data();
   const double ahead = LookaheadUpdates(pull.getTableId());
   if (ahead > 0) {
     // --pull_lookahead: where the rows' velocity carries them over `ahead` updates at the
@@ -487,6 +491,7 @@ Result<Frames> ServerCore::ServePull(const std::string& peer, wire::Header::Read
       std::memcpy(dst + i * width, row, width * sizeof(float));
     }));
   }
+  if (dtype != WireDtype::kFp32) EncodeFloats(wide, dtype, values.data());
   const int64_t min_clock = MinLiveClock();
   const int64_t lag = min_clock == INT64_MAX ? 0 : pull.getClock() - min_clock;
   stats_.max_clock_lag = std::max(stats_.max_clock_lag, lag);
@@ -499,6 +504,7 @@ Result<Frames> ServerCore::ServePull(const std::string& peer, wire::Header::Read
   reply.setVersion(shard_version_[pull.getTableId()]);
   reply.setClockLag(lag);
   reply.setHeldMicros(static_cast<uint64_t>(held.count()));
+  reply.setValueDtype(static_cast<uint8_t>(dtype));
   Frames out;
   out.push_back(EncodeFrame(b));
   out.push_back(std::move(values));

@@ -22,7 +22,7 @@ struct KVClient::Submission {
   int64_t clock = 0;                          // every part's header carries it
   std::vector<uint64_t> pulled_version = {};  // pushes: by server, for the headers
   int32_t client_id = 0;
-  WireDtype wire_dtype = WireDtype::kFp32;
+  WireDtype wire_dtype = WireDtype::kFp32;  // a push's gradients, or a pull's values
 
   bool push() const { return call.kind == Kind::kPush; }
   // A part of the call to `server`, of no rows yet.
@@ -54,6 +54,7 @@ struct KVClient::Submission {
     auto p = body.initPull();
     p.setTableId(call.table);
     p.setClock(clock);
+    p.setValueDtype(static_cast<uint8_t>(wire_dtype));
     return p.getKeys();
   }
 };
@@ -83,6 +84,7 @@ Result<std::unique_ptr<KVClient>> KVClient::Create(Transport* transport, const J
 KVClient::KVClient(const JobConfig& config, const KVClientOptions& options)
     : config_(config),
       options_(options),
+      pull_dtype_(options.pull_dtype),
       shard_map_(config.table_specs, config.num_servers),
       next_request_id_(RandomRequestIdStart()),
       pulled_version_(config.table_specs.size(),
@@ -222,7 +224,7 @@ Ticket KVClient::Submit(Call call) {
       .deadline = SteadyClock::now() + options_.request_timeout,
       .clock = call.kind == Kind::kPull && call.pull_clock >= 0 ? call.pull_clock : clock_.load(),
       .client_id = options_.client_id,
-      .wire_dtype = options_.wire_dtype};
+      .wire_dtype = call.kind == Kind::kPull ? pull_dtype_.load() : options_.wire_dtype};
   if (s.push()) {
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -100,8 +100,11 @@ struct KVClientOptions {
   // A part not answered within this time is sent again, same request id (0: never).
   std::chrono::milliseconds retry_interval{10000};
   // How pushed gradients travel (common/wire_dtype.h): fp32, or bf16/fp16 for half the
-  // bytes. Pulled parameters always travel as fp32.
+  // bytes.
   WireDtype wire_dtype = WireDtype::kFp32;
+  // How pulled parameters travel: fp32, or bf16/fp16 (the server rounds each value, this
+  // side widens it back to fp32), until set_pull_dtype changes it.
+  WireDtype pull_dtype = WireDtype::kFp32;
   // PushRange/PullRange split each server's share into row chunks of at most this many
   // bytes (of fp32 rows; at least one row), each its own request part with its own request
   // id, all in flight at once: the server applies (or copies out) chunk k while this side
@@ -215,6 +218,10 @@ class KVClient {
   void Redirect(int server, const std::string& endpoint);
 
   KVClientStats stats() const;
+  // How the pulls issued from now on travel (KVClientOptions::pull_dtype); e.g. fp32 for an
+  // evaluation of a job that trains on 16-bit pulls. Any thread.
+  void set_pull_dtype(WireDtype dtype) { pull_dtype_.store(dtype); }
+  WireDtype pull_dtype() const { return pull_dtype_.load(); }
   // The request id the next request part will carry (for tests).
   uint64_t next_request_id() const { return next_request_id_.load(); }
 
@@ -281,15 +288,16 @@ class KVClient {
   // Sends `outbox` (emptied) with one batch per server (I/O thread).
   void SendBatched(std::vector<Outgoing>& outbox);
   void OnReply(int server, Frames frames);
-  // Copies a pull reply's rows (`src`, part.rows x width floats) to where the part's rows go
-  // in its request's output.
-  static void ScatterPull(const Part& part, const char* src);
+  // Copies a pull reply's rows (`src`, part.rows x width values of `dtype`) to where the
+  // part's rows go in its request's output, widened to fp32.
+  static void ScatterPull(const Part& part, const char* src, WireDtype dtype);
   // Raises clock_ to at least `to` (a rejoin adopts the servers' slowest clock).
   void RaiseClock(int64_t to);
   void Wake();
 
   const JobConfig config_;
   const KVClientOptions options_;
+  std::atomic<WireDtype> pull_dtype_;  // options_.pull_dtype until set_pull_dtype
   const ShardMap shard_map_;
 
   // Applies the redirects queued by Redirect (I/O thread).

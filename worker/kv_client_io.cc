@@ -63,12 +63,16 @@ void KVClient::OnReply(int server, Frames frames) {
         }
       }
     } else if (body.which() != wire::Header::Body::PULL_REPLY || frames.size() != 2 ||
-               frames[1].size() != part->rows * part->width * sizeof(float)) {
+               body.getPullReply().getValueDtype() > static_cast<uint8_t>(WireDtype::kFp16) ||
+               frames[1].size() != part->rows * part->width *
+                                       WireDtypeBytes(static_cast<WireDtype>(
+                                           body.getPullReply().getValueDtype()))) {
       status = Internal(who + " sent a malformed pull reply");
     } else {
-      // Scatter outside the lock: the caller does not touch `out` until completion.
-      ScatterPull(*part, static_cast<const char*>(frames[1].data()));
       auto r = body.getPullReply();
+      // Scatter outside the lock: the caller does not touch `out` until completion.
+      ScatterPull(*part, static_cast<const char*>(frames[1].data()),
+                  static_cast<WireDtype>(r.getValueDtype()));
       std::lock_guard<std::mutex> lock(mu_);
       stats_.bytes_pulled += frames[1].size();
       stats_.max_clock_lag = std::max(stats_.max_clock_lag, r.getClockLag());
@@ -85,17 +89,19 @@ void KVClient::OnReply(int server, Frames frames) {
   if (part) Complete(part->ticket, status.WithContext("server " + std::to_string(server)));
 }
 
-void KVClient::ScatterPull(const Part& part, const char* src) {
-  // The frame may sit at any byte offset: copy bytes, never read it as float*.
+void KVClient::ScatterPull(const Part& part, const char* src, WireDtype dtype) {
+  // The frame may sit at any byte offset: copy bytes (DecodeFloats does too), never read it
+  // as float*.
   float* out = part.request->out.data();
   const size_t w = part.width;
-  const size_t row_bytes = w * sizeof(float);
+  const size_t row_bytes = w * WireDtypeBytes(dtype);
   if (part.is_range) {
-    std::memcpy(out + part.out_row * w, src, part.rows * row_bytes);
+    DecodeFloats(src, dtype, std::span<float>(out + part.out_row * w, part.rows * w));
     return;
   }
   for (size_t i = 0; i < part.positions.size(); ++i) {
-    std::memcpy(out + static_cast<size_t>(part.positions[i]) * w, src + i * row_bytes, row_bytes);
+    DecodeFloats(src + i * row_bytes, dtype,
+                 std::span<float>(out + static_cast<size_t>(part.positions[i]) * w, w));
   }
 }
 

@@ -290,7 +290,12 @@ Status TrainingLoop::PushAndTick() {
 Result<json> TrainingLoop::Evaluate(int epoch, bool final_eval) {
   PS_RETURN_IF_ERROR(DrainPrefetch());
   PS_RETURN_IF_ERROR(WaitInFlight());
-  PS_ASSIGN_OR_RETURN(json line, model_->Evaluate(*client_));
+  // The model as the servers hold it, whatever --pull_dtype the steps use.
+  const WireDtype step_dtype = client_->pull_dtype();
+  client_->set_pull_dtype(WireDtype::kFp32);
+  Result<json> evaluated = model_->Evaluate(*client_);
+  client_->set_pull_dtype(step_dtype);
+  PS_ASSIGN_OR_RETURN(json line, std::move(evaluated));
   line["kind"] = "eval";
   line["epoch"] = epoch;
   line["final"] = final_eval;
@@ -586,6 +591,7 @@ Result<std::unique_ptr<KVClient>> ConnectToServers(const Registration& reg,
   }
   copt.retry_interval = options.retry_interval;
   PS_ASSIGN_OR_RETURN(copt.wire_dtype, ParseWireDtype(options.wire_dtype));
+  PS_ASSIGN_OR_RETURN(copt.pull_dtype, ParseWireDtype(options.pull_dtype, "pull_dtype"));
   return KVClient::Create(transport, reg.config, reg.server_endpoints, copt);
 }
 
@@ -750,6 +756,7 @@ Status RunWorker(const WorkerOptions& options, Transport* transport,
                            " is not allowed: expected 0 (the job's) or a positive count");
   }
   PS_RETURN_IF_ERROR(ParseWireDtype(options.wire_dtype).status());
+  PS_RETURN_IF_ERROR(ParseWireDtype(options.pull_dtype, "pull_dtype").status());
   if (!(options.slowdown >= 1)) {
     return InvalidArgument("--slowdown=" + std::to_string(options.slowdown) +
                            " is not allowed: expected a factor >= 1");

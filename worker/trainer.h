@@ -101,6 +101,9 @@ struct WorkerOptions {
   bool prefetch = false;
   // How pushed gradients travel: "fp32", "bf16" or "fp16" (common/wire_dtype.h).
   std::string wire_dtype = "fp32";
+  // How pulled parameters travel: "fp32", "bf16" or "fp16" (rounded on the server, widened
+  // here); evaluations pull fp32 whatever this says.
+  std::string pull_dtype = "fp32";
 };
 
 // The whole life of a worker process.

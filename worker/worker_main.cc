@@ -49,6 +49,9 @@ DEFINE_bool(prefetch, false,
             "worker's own last update then arrives one step late (staleness >= 1)");
 DEFINE_string(wire_dtype, "fp32",
               "how pushed gradients travel: fp32 | bf16 | fp16 (16-bit halves the bytes)");
+DEFINE_string(pull_dtype, "fp32",
+              "how pulled parameters travel: fp32 | bf16 | fp16 (rounded on the server, widened "
+              "here: half the bytes; evaluations pull fp32)");
 DEFINE_bool(standalone, false,
             "train the job's model in this process alone (no coordinator, no servers), with "
             "the job settings of --job_flagfile and --job_flags: the single-process baseline");
@@ -151,6 +154,7 @@ ps::WorkerOptions WorkerOptionsFromFlags(ps::Metrics* metrics) {
   options.retry_interval = std::chrono::milliseconds(FLAGS_retry_ms);
   options.prefetch = FLAGS_prefetch;
   options.wire_dtype = FLAGS_wire_dtype;
+  options.pull_dtype = FLAGS_pull_dtype;
   return options;
 }
 }  // namespace

@@ -57,11 +57,12 @@ inline Frames KeyPull(uint64_t rid, uint32_t table, const std::vector<uint64_t>&
 }
 
 inline Frames RangePull(uint64_t rid, uint32_t table, uint64_t begin, uint64_t end,
-                        int32_t worker = 0, int64_t clock = 0) {
+                        int32_t worker = 0, int64_t clock = 0, uint8_t value_dtype = 0) {
   capnp::MallocMessageBuilder b;
   auto p = NewHeader(b, rid, worker).getBody().initPull();
   p.setTableId(table);
   p.setClock(clock);
+  p.setValueDtype(value_dtype);
   p.getKeys().initRange().setBegin(begin);
   p.getKeys().getRange().setEnd(end);
   Frames f;

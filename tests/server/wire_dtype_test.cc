@@ -57,7 +57,9 @@ TEST(WireDtypeTest, ParsesNamesAndRefusesOthers) {
   EXPECT_EQ(ParseWireDtype("fp32").value(), WireDtype::kFp32);
   Result<WireDtype> bad = ParseWireDtype("int8");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("int8"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("--wire_dtype=int8"), std::string::npos);
+  EXPECT_NE(ParseWireDtype("fp8", "pull_dtype").status().message().find("--pull_dtype=fp8"),
+            std::string::npos);
 }
 
 // A push of `values` encoded as `dtype` to rows [0, rows) of table 0.
@@ -118,6 +120,41 @@ TEST(WireDtypeTest, AServerRefusesAWrongLengthOrAnUnknownDtypeAndChangesNothing)
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("dtype 7"), std::string::npos) << s.ToString();
   EXPECT_EQ(core->ReadRow(0, 0).value(), before);
+}
+
+// A 16-bit pull (a worker's --pull_dtype): the reply holds the rows rounded to that type,
+// in half the bytes, and says its type; the stored rows are untouched. An unknown type is
+// refused.
+TEST(WireDtypeTest, AServerAnswersA16BitPullWithTheRoundedRows) {
+  JobConfig config = JobConfig::FromFlagMap(
+                         {{"model", "none"}, {"tables", "d:4:3:uniform:1"}, {"num_servers", "1"}})
+                         .value();
+  auto core = ServerCore::Create(config, 0).value();
+  std::vector<float> stored;
+  for (uint64_t r = 0; r < 4; ++r) {
+    std::vector<float> row = core->ReadRow(0, r).value();
+    stored.insert(stored.end(), row.begin(), row.end());
+  }
+  for (WireDtype dtype : {WireDtype::kBf16, WireDtype::kFp16}) {
+    Frames pull = testing::RangePull(1, 0, 0, 4, 0, 0, static_cast<uint8_t>(dtype));
+    Frames reply = core->HandleOne(pull);
+    ASSERT_TRUE(ReplyStatus(reply).ok()) << ReplyStatus(reply).ToString();
+    ASSERT_EQ(reply.size(), 2u);
+    ASSERT_EQ(reply[1].size(), stored.size() * 2) << WireDtypeName(dtype);
+    DecodedHeader h = DecodedHeader::Decode(reply[0]).value();
+    EXPECT_EQ(h.get().getBody().getPullReply().getValueDtype(), static_cast<uint8_t>(dtype));
+    std::vector<float> got(stored.size()), expected(stored.size());
+    DecodeFloats(reply[1].data(), dtype, got);
+    std::vector<uint16_t> half(stored.size());
+    EncodeFloats(stored, dtype, half.data());
+    DecodeFloats(half.data(), dtype, expected);
+    EXPECT_EQ(got, expected) << WireDtypeName(dtype);
+    EXPECT_NE(got, stored) << "uniform rows have bits that 16 bits cannot hold";
+  }
+  EXPECT_EQ(core->ReadRow(0, 0).value(), std::vector<float>(stored.begin(), stored.begin() + 3));
+  Frames unknown = testing::RangePull(2, 0, 0, 4, 0, 0, 9);
+  Status s = ReplyStatus(core->HandleOne(unknown));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
 }
 
 }  // namespace

@@ -88,6 +88,40 @@ TEST_F(KVClientTest, KeyListsScatterBackInRequestOrder) {
   for (float x : o) EXPECT_EQ(x, -1.0f);
 }
 
+// --pull_dtype: 16-bit pulls, range and key-list, come back as the stored values rounded
+// to that type, in half the bytes; set_pull_dtype(fp32) gets them exact again.
+TEST_F(KVClientTest, SixteenBitPullsReturnTheRoundedRows) {
+  const size_t rows = 1001, w = 5;
+  std::vector<float> grad(rows * w);
+  for (size_t i = 0; i < grad.size(); ++i) grad[i] = 0.001f * static_cast<float>(i) + 1.0f / 3;
+  ASSERT_TRUE(client_->Wait(client_->PushRange(0, RowRange{0, rows}, grad)).ok());
+  auto rounded = [](float x, WireDtype dtype) {
+    uint16_t half;
+    float back;
+    EncodeFloats(std::span<const float>(&x, 1), dtype, &half);
+    DecodeFloats(&half, dtype, std::span<float>(&back, 1));
+    return back;
+  };
+  for (WireDtype dtype : {WireDtype::kBf16, WireDtype::kFp16}) {
+    client_->set_pull_dtype(dtype);
+    const uint64_t before = client_->stats().bytes_pulled;
+    std::vector<float> out(rows * w);
+    ASSERT_TRUE(client_->Wait(client_->PullRange(0, RowRange{0, rows}, out)).ok());
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_EQ(out[i], rounded(-grad[i], dtype)) << WireDtypeName(dtype) << " " << i;
+    }
+    EXPECT_EQ(client_->stats().bytes_pulled - before, rows * w * 2);
+    std::vector<float> keyed(2 * w);
+    ASSERT_TRUE(client_->Wait(client_->Pull(0, std::vector<uint64_t>{1000, 7}, keyed)).ok());
+    EXPECT_EQ(keyed[0], rounded(-grad[1000 * w], dtype));
+    EXPECT_EQ(keyed[w + 1], rounded(-grad[7 * w + 1], dtype));
+  }
+  client_->set_pull_dtype(WireDtype::kFp32);
+  std::vector<float> exact(rows * w);
+  ASSERT_TRUE(client_->Wait(client_->PullRange(0, RowRange{0, rows}, exact)).ok());
+  for (size_t i = 0; i < exact.size(); ++i) ASSERT_EQ(exact[i], -grad[i]) << i;
+}
+
 TEST_F(KVClientTest, ManyRequestsInFlightFromSeveralThreads) {
   constexpr int kThreads = 4, kPushes = 50;
   std::vector<std::thread> threads;
