@@ -13,6 +13,23 @@
 #include "worker/kv_client_internal.h"
 
 namespace ps {
+namespace {
+
+// The type of a pull reply's values, when it is one: a pull reply with one values frame of
+// rows x width values of a known type (common/wire_dtype.h).
+Result<WireDtype> PullReplyDtype(wire::Header::Body::Reader body, const Frames& frames, size_t rows,
+                                 size_t width) {
+  if (body.which() != wire::Header::Body::PULL_REPLY || frames.size() != 2) {
+    return InvalidArgument("not a pull reply with one values frame");
+  }
+  PS_ASSIGN_OR_RETURN(WireDtype dtype, WireDtypeFromWire(body.getPullReply().getValueDtype()));
+  if (frames[1].size() != rows * width * WireDtypeBytes(dtype)) {
+    return InvalidArgument("the values frame does not hold the part's rows");
+  }
+  return dtype;
+}
+
+}  // namespace
 
 void KVClient::OnReply(int server, Frames frames) {
   if (frames.empty()) return;
@@ -62,17 +79,13 @@ void KVClient::OnReply(int server, Frames frames) {
           stats_.last_learning_rate = r.getLearningRate();
         }
       }
-    } else if (body.which() != wire::Header::Body::PULL_REPLY || frames.size() != 2 ||
-               body.getPullReply().getValueDtype() > static_cast<uint8_t>(WireDtype::kFp16) ||
-               frames[1].size() != part->rows * part->width *
-                                       WireDtypeBytes(static_cast<WireDtype>(
-                                           body.getPullReply().getValueDtype()))) {
+    } else if (Result<WireDtype> dtype = PullReplyDtype(body, frames, part->rows, part->width);
+               !dtype.ok()) {
       status = Internal(who + " sent a malformed pull reply");
     } else {
       auto r = body.getPullReply();
       // Scatter outside the lock: the caller does not touch `out` until completion.
-      ScatterPull(*part, static_cast<const char*>(frames[1].data()),
-                  static_cast<WireDtype>(r.getValueDtype()));
+      ScatterPull(*part, static_cast<const char*>(frames[1].data()), *dtype);
       std::lock_guard<std::mutex> lock(mu_);
       stats_.bytes_pulled += frames[1].size();
       stats_.max_clock_lag = std::max(stats_.max_clock_lag, r.getClockLag());

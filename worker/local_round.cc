@@ -9,8 +9,12 @@ namespace ps {
 LocalRound::LocalRound(const JobConfig& config)
     : config_(config),
       steps_(std::max(config.local_steps, 1)),
-      lr_policy_(LrPolicy::Create(config).value()),
-      step_scale_(config.optimizer == "nesterov" ? 1.0 + config.momentum : 1.0) {}
+      step_scale_(config.optimizer == "nesterov" ? 1.0 + config.momentum : 1.0) {
+  if (!active()) return;
+  Result<LrPolicy> policy = LrPolicy::Create(config);
+  CHECK(policy.ok()) << "LocalRound: " << policy.status().ToString();
+  lr_policy_ = std::move(policy).value();
+}
 
 bool LocalRound::Add(std::span<const std::span<float>> params,
                      std::span<const std::span<float>> grads, float rate) {
@@ -58,9 +62,9 @@ void LocalRound::TakeSum(std::span<const std::span<float>> grads) {
 
 float LocalRound::Rate(double server_rate, int64_t clock) const {
   const double rate =
-      server_rate > 0
+      server_rate > 0 || !lr_policy_
           ? server_rate
-          : lr_policy_.ScheduleRate(config_.ScheduleIteration(clock * config_.num_workers));
+          : lr_policy_->ScheduleRate(config_.ScheduleIteration(clock * config_.num_workers));
   return static_cast<float>(rate * step_scale_);
 }
 

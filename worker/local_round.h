@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -26,7 +27,8 @@ namespace ps {
 
 class LocalRound {
  public:
-  // config.local_steps steps a round; config must be valid (LrPolicy::Create succeeds).
+  // config.local_steps steps a round. With more than one, LrPolicy::Create(config) must
+  // succeed (the worker's Train checks it before training).
   explicit LocalRound(const JobConfig& config);
 
   // Whether rounds are longer than one step (local_steps > 1).
@@ -57,7 +59,7 @@ class LocalRound {
 
   const JobConfig config_;  // a copy: the round may outlive the caller's
   const int steps_;
-  const LrPolicy lr_policy_;
+  std::optional<LrPolicy> lr_policy_;  // rounds of more than one step only
   // What a new gradient moves a row by at once under the servers' rule, per unit of rate:
   // nesterov's lr x (1 + momentum) x g, the others' lr x g. Not the velocity's share,
   // which the worker does not have. On the default job at 4 local steps, 1 + momentum

@@ -727,6 +727,7 @@ Status Train(Registration& reg, Kernels* kernels, const WorkerOptions& options,
         " cannot be used in a job with --local_steps=" + std::to_string(config.local_steps) +
         ": expected no group (a group's leader pushes every step)");
   }
+  if (config.local_steps > 1) PS_RETURN_IF_ERROR(LrPolicy::Create(config).status());  // rounds'
   std::unique_ptr<GroupComm> group = JoinWorkerGroup(reg, *kernels, transport);
   bool alone = true;
   if (group != nullptr && group->leader()) {
