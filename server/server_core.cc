@@ -469,10 +469,10 @@ Result<Frames> ServerCore::ServePull(const std::string& peer, wire::Header::Read
   const size_t width = a.table->width();
   const size_t bytes = a.rows * width * WireDtypeBytes(dtype);
   zmq::message_t values = frame_allocator_ ? frame_allocator_(peer, bytes) : zmq::message_t(bytes);
-  // 16-bit pulls (a worker's --pull_dtype) are gathered in fp32 first, then narrowed.
-  std::vector<float> wide;
-  if (dtype != WireDtype::kFp32) wide.resize(a.rows * width);
-  float* dst = dtype == WireDtype::kFp32 ? static_cast<float*>(values.data()) : wide.data();
+  // Each row goes straight into the reply frame, narrowed there for a 16-bit pull (a
+  // worker's --pull_dtype): no second copy of the rows.
+  char* dst = static_cast<char*>(values.data());
+  const size_t row_bytes = width * WireDtypeBytes(dtype);
   const double ahead = LookaheadUpdates(pull.getTableId());
   if (ahead > 0) {
     // --pull_lookahead: where the rows' velocity carries them over `ahead` updates at the
@@ -482,16 +482,21 @@ Result<Frames> ServerCore::ServePull(const std::string& peer, wire::Header::Read
     const float step = optimizer_->LookaheadStep(lr, ahead);
     const size_t state_floats = a.table->stride() - width;
     PS_RETURN_IF_ERROR(ParallelForEachRow(a, /*for_write=*/false, [&](size_t i, float* row) {
+      thread_local std::vector<float> narrowed;  // a 16-bit pull's row before narrowing
+      if (dtype != WireDtype::kFp32) narrowed.resize(width);
+      std::span<float> out =
+          dtype == WireDtype::kFp32
+              ? std::span<float>(reinterpret_cast<float*>(dst + i * row_bytes), width)
+              : std::span<float>(narrowed);
       optimizer_->Extrapolate(std::span<const float>(row, width),
-                              std::span<const float>(row + width, state_floats), step,
-                              std::span<float>(dst + i * width, width));
+                              std::span<const float>(row + width, state_floats), step, out);
+      if (dtype != WireDtype::kFp32) EncodeFloats(narrowed, dtype, dst + i * row_bytes);
     }));
   } else {
     PS_RETURN_IF_ERROR(ParallelForEachRow(a, /*for_write=*/false, [&](size_t i, float* row) {
-      std::memcpy(dst + i * width, row, width * sizeof(float));
+      EncodeFloats(std::span<const float>(row, width), dtype, dst + i * row_bytes);
     }));
   }
-  if (dtype != WireDtype::kFp32) EncodeFloats(wide, dtype, values.data());
   const int64_t min_clock = MinLiveClock();
   const int64_t lag = min_clock == INT64_MAX ? 0 : pull.getClock() - min_clock;
   stats_.max_clock_lag = std::max(stats_.max_clock_lag, lag);

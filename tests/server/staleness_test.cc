@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <functional>
 
+#include "common/wire_dtype.h"
 #include "server/server_core.h"
 #include "tests/server/test_messages.h"
 
@@ -182,6 +183,7 @@ TEST(StalenessTest, StalenessAwareLearningRateDividesByStaleness) {
 // --pull_lookahead: once pushes arrive stale, a pull of a nesterov table returns where the
 // velocity carries the rows over (lookahead x recent staleness) updates; the stored values
 // do not move, and without the setting (or with fresh pushes) a pull returns them as stored.
+// A 16-bit pull returns the same rows, rounded.
 TEST(StalenessTest, PullLookaheadReturnsWhereTheVelocityCarriesTheRows) {
   auto pulled_after = [](const std::string& lookahead, uint64_t stale_by) {
     auto core = MakeCore({{"staleness", "-1"},
@@ -195,7 +197,18 @@ TEST(StalenessTest, PullLookaheadReturnsWhereTheVelocityCarriesTheRows) {
     }
     auto out = Send(*core, "w0", RangePull(5000, 0, 0, 4, 0, 0));
     EXPECT_EQ(out.size(), 1u);
-    return std::make_pair(testing::ReplyFloats(out[0].frames), core->ReadRow(0, 0).value()[0]);
+    const std::vector<float> pulled = testing::ReplyFloats(out[0].frames);
+    // A bf16 pull (--pull_dtype) gets the same rows rounded to bf16.
+    auto narrow =
+        Send(*core, "w0", RangePull(5001, 0, 0, 4, 0, 0, static_cast<uint8_t>(WireDtype::kBf16)));
+    EXPECT_EQ(narrow.size(), 1u);
+    std::vector<float> got(pulled.size()), expected(pulled.size());
+    std::vector<uint16_t> half(pulled.size());
+    DecodeFloats(narrow[0].frames.at(1).data(), WireDtype::kBf16, got);
+    EncodeFloats(pulled, WireDtype::kBf16, half.data());
+    DecodeFloats(half.data(), WireDtype::kBf16, expected);
+    EXPECT_EQ(got, expected) << "lookahead " << lookahead << ", stale by " << stale_by;
+    return std::make_pair(pulled, core->ReadRow(0, 0).value()[0]);
   };
   auto [plain, stored_plain] = pulled_after("0", 1);
   EXPECT_EQ(plain[0], stored_plain) << "off: the stored values";
