@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <utility>
 
 namespace ps {
 
@@ -39,8 +41,7 @@ float ClipScale(std::span<const float> grad, double clip) {
 
 // Settings every rule shares.
 struct Common {
-  explicit Common(const JobConfig& c)
-      : weight_decay(static_cast<float>(c.weight_decay)), clip(c.clip_grad_norm) {}
+  explicit Common(const UpdateRule& r) : weight_decay(r.weight_decay), clip(r.clip_grad_norm) {}
   float weight_decay;
   double clip;
 };
@@ -48,7 +49,7 @@ struct Common {
 // sgd:  g' = scale*g + wd*w;  w -= lr * g'.  No state.
 class Sgd final : public Optimizer {
  public:
-  explicit Sgd(const JobConfig& c) : common_(c) {}
+  explicit Sgd(const UpdateRule& r) : common_(r) {}
   size_t StateFloats(size_t) const override { return 0; }
   void Apply(std::span<float> values, std::span<float>, std::span<const float> grad,
              float lr) const override {
@@ -72,8 +73,7 @@ class Sgd final : public Optimizer {
 // State: v, `width` floats. A zero v makes the first step v = g', as PyTorch's first step.
 class Momentum final : public Optimizer {
  public:
-  Momentum(const JobConfig& c, bool nesterov)
-      : common_(c), mu_(static_cast<float>(c.momentum)), nesterov_(nesterov) {}
+  Momentum(const UpdateRule& r, bool nesterov) : common_(r), mu_(r.momentum), nesterov_(nesterov) {}
   size_t StateFloats(size_t width) const override { return width; }
   void Apply(std::span<float> values, std::span<float> state, std::span<const float> grad,
              float lr) const override {
@@ -132,7 +132,7 @@ class Momentum final : public Optimizer {
 // State: s, `width` floats.
 class Adagrad final : public Optimizer {
  public:
-  explicit Adagrad(const JobConfig& c) : common_(c), eps_(static_cast<float>(c.epsilon)) {}
+  explicit Adagrad(const UpdateRule& r) : common_(r), eps_(r.epsilon) {}
   size_t StateFloats(size_t width) const override { return width; }
   void Apply(std::span<float> values, std::span<float> state, std::span<const float> grad,
              float lr) const override {
@@ -174,12 +174,8 @@ class Adagrad final : public Optimizer {
 // within 1e-7 of 1 for any beta <= 1 - 1e-6.
 class Adam final : public Optimizer {
  public:
-  Adam(const JobConfig& c, bool decoupled)
-      : common_(c),
-        beta1_(c.beta1),
-        beta2_(c.beta2),
-        eps_(static_cast<float>(c.epsilon)),
-        decoupled_(decoupled) {}
+  Adam(const UpdateRule& r, bool decoupled)
+      : common_(r), beta1_(r.beta1), beta2_(r.beta2), eps_(r.epsilon), decoupled_(decoupled) {}
   size_t StateFloats(size_t width) const override { return 2 * width + 1; }
   void Apply(std::span<float> values, std::span<float> state, std::span<const float> grad,
              float lr) const override {
@@ -224,16 +220,49 @@ class Adam final : public Optimizer {
 
 }  // namespace
 
+Result<UpdateRule> MakeUpdateRule(const JobConfig& config) {
+  static const std::pair<const char*, UpdateRule::Kind> kKinds[] = {
+      {"sgd", UpdateRule::Kind::kSgd},           {"momentum", UpdateRule::Kind::kMomentum},
+      {"nesterov", UpdateRule::Kind::kNesterov}, {"adagrad", UpdateRule::Kind::kAdagrad},
+      {"adam", UpdateRule::Kind::kAdam},         {"adamw", UpdateRule::Kind::kAdamW}};
+  UpdateRule rule;
+  const auto* found = std::find_if(std::begin(kKinds), std::end(kKinds),
+                                   [&](const auto& k) { return config.optimizer == k.first; });
+  if (found == std::end(kKinds)) {
+    return InvalidArgument("--optimizer=" + config.optimizer +
+                           " is unknown: expected sgd|momentum|nesterov|adagrad|adam|adamw");
+  }
+  rule.kind = found->second;
+  rule.weight_decay = static_cast<float>(config.weight_decay);
+  rule.clip_grad_norm = config.clip_grad_norm;
+  rule.momentum = static_cast<float>(config.momentum);
+  rule.epsilon = static_cast<float>(config.epsilon);
+  rule.beta1 = config.beta1;
+  rule.beta2 = config.beta2;
+  return rule;
+}
+
+std::unique_ptr<Optimizer> MakeOptimizer(const UpdateRule& rule) {
+  switch (rule.kind) {
+    case UpdateRule::Kind::kSgd:
+      return std::make_unique<Sgd>(rule);
+    case UpdateRule::Kind::kMomentum:
+      return std::make_unique<Momentum>(rule, false);
+    case UpdateRule::Kind::kNesterov:
+      return std::make_unique<Momentum>(rule, true);
+    case UpdateRule::Kind::kAdagrad:
+      return std::make_unique<Adagrad>(rule);
+    case UpdateRule::Kind::kAdam:
+      return std::make_unique<Adam>(rule, false);
+    case UpdateRule::Kind::kAdamW:
+      return std::make_unique<Adam>(rule, true);
+  }
+  LOG(FATAL) << "UpdateRule kind " << static_cast<int>(rule.kind) << " has no optimizer";
+}
+
 Result<std::unique_ptr<Optimizer>> MakeOptimizer(const JobConfig& config) {
-  const std::string& name = config.optimizer;
-  if (name == "sgd") return std::unique_ptr<Optimizer>(new Sgd(config));
-  if (name == "momentum") return std::unique_ptr<Optimizer>(new Momentum(config, false));
-  if (name == "nesterov") return std::unique_ptr<Optimizer>(new Momentum(config, true));
-  if (name == "adagrad") return std::unique_ptr<Optimizer>(new Adagrad(config));
-  if (name == "adam") return std::unique_ptr<Optimizer>(new Adam(config, false));
-  if (name == "adamw") return std::unique_ptr<Optimizer>(new Adam(config, true));
-  return InvalidArgument("--optimizer=" + name +
-                         " is unknown: expected sgd|momentum|nesterov|adagrad|adam|adamw");
+  PS_ASSIGN_OR_RETURN(UpdateRule rule, MakeUpdateRule(config));
+  return MakeOptimizer(rule);
 }
 
 }  // namespace ps

@@ -11,6 +11,7 @@
 
 #include "common/job_config.h"
 #include "common/status.h"
+#include "common/update_rule.h"
 
 namespace ps {
 
@@ -41,13 +42,19 @@ class Optimizer {
                            std::span<float> out) const;
 };
 
-// The optimizer the job config names (--optimizer), each following PyTorch's rule of that
-// name (formulas in optimizer.cc), with --clip_grad_norm applied to each row's gradient
-// first and --weight_decay as an L2 term in the gradient (adamw: decoupled decay).
+// The rule the job config names (--optimizer and its settings). An unknown name is an
+// InvalidArgument.
+Result<UpdateRule> MakeUpdateRule(const JobConfig& config);
+
+// The optimizer of `rule`, each following PyTorch's rule of that name (formulas in
+// optimizer.cc), with --clip_grad_norm applied to each row's gradient first and
+// --weight_decay as an L2 term in the gradient (adamw: decoupled decay).
 // State per row of width n:
 //   sgd: none;  momentum, nesterov: velocity [n];  adagrad: sum of squares [n];
 //   adam, adamw: [m: n][v: n][the row's step count t: 1 float, exact to 2^24].
-// An unknown name is an InvalidArgument.
+std::unique_ptr<Optimizer> MakeOptimizer(const UpdateRule& rule);
+
+// MakeOptimizer(MakeUpdateRule(config)): the optimizer the job config names.
 Result<std::unique_ptr<Optimizer>> MakeOptimizer(const JobConfig& config);
 
 }  // namespace ps

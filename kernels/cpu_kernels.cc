@@ -8,8 +8,10 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <span>
 #include <string>
 
+#include "common/optimizer.h"
 #include "kernels/blas_core.h"
 #include "kernels/kernel_math.h"
 #include "kernels/layer_checks.h"
@@ -418,6 +420,21 @@ class CpuKernels final : public Kernels {
       float* dst = table + static_cast<size_t>(indices[i]) * w;
       const float* s = src + static_cast<size_t>(i) * w;
       for (size_t j = 0; j < w; ++j) dst[j] += s[j];
+    }
+    return Status::Ok();
+  }
+
+  Status ApplyUpdate(const UpdateRule& rule, float lr, int rows, int width, int stride,
+                     float* table, const float* grad) override {
+    PS_RETURN_IF_ERROR(CheckUpdateArgs(rule, rows, width, stride));
+    if (rows == 0 || width == 0) return Status::Ok();
+    const std::unique_ptr<Optimizer> optimizer = MakeOptimizer(rule);
+    const size_t w = static_cast<size_t>(width);
+    const size_t state = rule.StateFloats(w);
+    for (size_t r = 0; r < static_cast<size_t>(rows); ++r) {
+      float* row = table + r * static_cast<size_t>(stride);
+      optimizer->Apply(std::span<float>(row, w), std::span<float>(row + w, state),
+                       std::span<const float>(grad + r * w, w), lr);
     }
     return Status::Ok();
   }

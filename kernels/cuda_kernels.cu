@@ -11,6 +11,7 @@
 
 #include "kernels/cuda_kernels.h"
 #include "kernels/cuda_layer_kernels.h"
+#include "kernels/cuda_update_kernels.h"
 #include "kernels/kernel_math.h"
 #include "kernels/layer_checks.h"
 
@@ -671,6 +672,17 @@ class CudaKernels final : public Kernels {
   Status DropoutBackward(size_t n, float keep_prob, const uint8_t* mask, const float* dy,
                          float* dx) override {
     return ApplyMask("DropoutBackward", n, keep_prob, mask, dy, dx);
+  }
+
+  Status ApplyUpdate(const UpdateRule& rule, float lr, int rows, int width, int stride,
+                     float* table, const float* grad) override {
+    PS_RETURN_IF_ERROR(CheckUpdateArgs(rule, rows, width, stride));
+    if (rows == 0 || width == 0) return Status::Ok();
+    PS_RETURN_IF_ERROR(Activate());
+    PS_CUDA_RETURN_IF_ERROR(
+        LaunchApplyUpdate(rule, lr, rows, width, stride, table, grad, stream_.get()),
+        "ApplyUpdate kernel launch");
+    return Status::Ok();
   }
 
   Status Im2Col(const Conv2dShape& shape, const float* image, float* col) override {

@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "common/status.h"
+#include "common/update_rule.h"
 
 namespace ps {
 
@@ -255,6 +256,19 @@ class Kernels {
   // fixed, so sums over duplicates may differ in the last bits from run to run.
   virtual Status ScatterAddRows(int rows, int width, const float* src, const int32_t* indices,
                                 int table_rows, float* table) = 0;
+
+  // ---- the servers' update, on a model kept in the backend's memory ----
+  // One step of `rule` (common/update_rule.h) on `rows` rows stored as a server stores
+  // them: row r at table + r * stride holds `width` values, then rule.StateFloats(width)
+  // floats of state; row r's gradient is grad[r * width, (r + 1) * width). `lr` is the
+  // step's learning rate. The CPU backend runs the rule's Optimizer (common/optimizer.h,
+  // the servers' own code), so its rows equal a server's bit for bit. The CUDA backend runs
+  // the same formulas, a block per row, with the row's clip norm and Adam's bias
+  // corrections in double as there: within float rounding of the CPU's (the device fuses
+  // multiply-adds, and its sqrt and pow round differently). InvalidArgument unless
+  // rows, width >= 0 and stride >= width + rule.StateFloats(width).
+  virtual Status ApplyUpdate(const UpdateRule& rule, float lr, int rows, int width, int stride,
+                             float* table, const float* grad) = 0;
 
   // ---- precision conversion (gradients and parameters on the wire) ----
   // n elements each, in the backend's memory space. Float to half (IEEE binary16) and to

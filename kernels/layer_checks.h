@@ -17,6 +17,10 @@ Status CheckChannelSizes(const char* op, int batch, int channels, int spatial);
 // InvalidArgument unless rows, cols >= 0 and both strides >= cols.
 Status CheckCopy2d(int rows, int cols, int src_stride, int dst_stride);
 
+// ApplyUpdate's: InvalidArgument unless rows, width >= 0 and
+// stride >= width + rule.StateFloats(width).
+Status CheckUpdateArgs(const UpdateRule& rule, int rows, int width, int stride);
+
 // The shape's Validate(), with the op's name in front of the message.
 Status CheckShape(const char* op, const Conv2dShape& shape);
 Status CheckShape(const char* op, const Pool2dShape& shape);

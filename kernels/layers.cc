@@ -140,6 +140,20 @@ Status CheckCopy2d(int rows, int cols, int src_stride, int dst_stride) {
   return s.WithContext("Copy2d");
 }
 
+Status CheckUpdateArgs(const UpdateRule& rule, int rows, int width, int stride) {
+  if (rows < 0 || width < 0) {
+    return InvalidArgument("ApplyUpdate: rows " + std::to_string(rows) + " and width " +
+                           std::to_string(width) + " must be >= 0");
+  }
+  const size_t need = static_cast<size_t>(width) + rule.StateFloats(static_cast<size_t>(width));
+  if (stride < 0 || static_cast<size_t>(stride) < need) {
+    return InvalidArgument("ApplyUpdate: stride " + std::to_string(stride) +
+                           " is shorter than a row's values and state (" + std::to_string(need) +
+                           " floats for width " + std::to_string(width) + ")");
+  }
+  return Status::Ok();
+}
+
 Status CheckShape(const char* op, const Conv2dShape& shape) {
   return shape.Validate().WithContext(op);
 }
