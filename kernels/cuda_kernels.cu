@@ -685,6 +685,14 @@ class CudaKernels final : public Kernels {
     return Status::Ok();
   }
 
+  Status FlagOutOfRange(size_t n, const float* x, float limit, int32_t* flag) override {
+    if (n == 0) return Status::Ok();
+    PS_RETURN_IF_ERROR(Activate());
+    PS_CUDA_RETURN_IF_ERROR(LaunchFlagOutOfRange(n, x, limit, flag, max_blocks_, stream_.get()),
+                            "FlagOutOfRange kernel launch");
+    return Status::Ok();
+  }
+
   Status Im2Col(const Conv2dShape& shape, const float* image, float* col) override {
     PS_RETURN_IF_ERROR(CheckShape("Im2Col", shape));
     PS_RETURN_IF_ERROR(Activate());

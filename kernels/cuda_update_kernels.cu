@@ -6,7 +6,7 @@
 namespace ps {
 namespace {
 
-constexpr int kThreads = 256;  // threads per block (a row); a multiple of the warp size
+constexpr int kThreads = 256;  // threads per block; a multiple of the warp size
 constexpr int kWarps = kThreads / 32;
 
 // What the kernel needs of a rule and a step, by value. The per-row scalars that the CPU
@@ -109,7 +109,29 @@ __global__ void ApplyUpdateKernel(StepParams p, int width, size_t stride, float*
   }
 }
 
+// Each thread scans a grid-stride share; one that saw a bad value stores 1 (every writer
+// stores the same value, so no atomic is needed). !(|v| <= limit) is true for NaN too.
+__global__ void FlagOutOfRangeKernel(size_t n, const float* __restrict__ x, float limit,
+                                     int32_t* flag) {
+  bool bad = false;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    bad |= !(fabsf(x[i]) <= limit);
+  }
+  if (bad) *flag = 1;
+}
+
 }  // namespace
+
+cudaError_t LaunchFlagOutOfRange(size_t n, const float* x, float limit, int32_t* flag,
+                                 int max_blocks, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  const size_t wanted = (n + kThreads - 1) / kThreads;
+  const unsigned blocks =
+      static_cast<unsigned>(wanted < static_cast<size_t>(max_blocks) ? wanted : max_blocks);
+  FlagOutOfRangeKernel<<<blocks, kThreads, 0, stream>>>(n, x, limit, flag);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchApplyUpdate(const UpdateRule& rule, float lr, int rows, int width, int stride,
                               float* table, const float* grad, cudaStream_t stream) {

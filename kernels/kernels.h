@@ -270,6 +270,11 @@ class Kernels {
   virtual Status ApplyUpdate(const UpdateRule& rule, float lr, int rows, int width, int stride,
                              float* table, const float* grad) = 0;
 
+  // Sets *flag (one int32 in the backend's memory) to 1 when any of x[0, n) is NaN, +-Inf
+  // or beyond `limit` in magnitude; never clears it. The gradient check of a model kept in
+  // device memory (common/gradient_check.h): flag each table of a step, then read one int.
+  virtual Status FlagOutOfRange(size_t n, const float* x, float limit, int32_t* flag) = 0;
+
   // ---- precision conversion (gradients and parameters on the wire) ----
   // n elements each, in the backend's memory space. Float to half (IEEE binary16) and to
   // bfloat16 round to nearest, ties to even; values beyond the half range become +-inf,

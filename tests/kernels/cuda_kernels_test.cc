@@ -883,6 +883,21 @@ TEST_F(CudaKernelsTest, ApplyUpdateMatchesCpu) {
             StatusCode::kInvalidArgument);
 }
 
+TEST_F(CudaKernelsTest, FlagOutOfRangeEqualsCpu) {
+  const size_t n = (size_t{1} << 20) + 3;
+  for (float bad : {0.0f, std::nanf(""), -std::numeric_limits<float>::infinity(), 3e18f}) {
+    std::vector<float> x = RandomVector(n, rng_);
+    if (bad != 0.0f) x[n - 2] = bad;
+    int32_t expected = 0;
+    ASSERT_TRUE(cpu_->FlagOutOfRange(n, x.data(), 1e18f, &expected).ok());
+    DeviceBuffer<float> d_x = Upload(x);
+    DeviceBuffer<int32_t> d_flag = Upload(std::vector<int32_t>{0});
+    ASSERT_TRUE(gpu_->FlagOutOfRange(n, d_x.get(), 1e18f, d_flag.get()).ok());
+    EXPECT_EQ(Download(d_flag)[0], expected) << bad;
+    EXPECT_EQ(expected, bad == 0.0f ? 0 : 1) << bad;
+  }
+}
+
 // ---- device selection ----
 
 TEST(CudaMakeKernelsTest, AutoPicksTheGpu) {

@@ -1,16 +1,19 @@
 // Kernels::ApplyUpdate on the CPU backend against the servers' own optimizer
 // (common/optimizer.h) applied row by row: the same rows bit for bit, for every rule with
 // clipping and weight decay on, over rows laid out with a stride (values, state, padding),
-// and bad arguments refused. The CUDA backend is checked against this one in
-// cuda_kernels_test.cc.
+// and bad arguments refused; and the gradient check's scan, FlagOutOfRange. The CUDA backend is
+// checked against this one in cuda_kernels_test.cc.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <memory>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "common/gradient_check.h"
 #include "common/optimizer.h"
 #include "kernels/kernels.h"
 
@@ -82,6 +85,28 @@ TEST(UpdateKernelsTest, ABadShapeIsRefusedAndNothingMoves) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_EQ(table, before);
   EXPECT_TRUE(cpu->ApplyUpdate(adam, 0.1f, 0, 4, 13, nullptr, nullptr).ok()) << "no rows";
+}
+
+// The gradient check's scan: NaN, Inf and values beyond the limit set the flag, wherever
+// they are; nothing clears it.
+TEST(UpdateKernelsTest, FlagOutOfRangeCatchesNanInfAndHugeValues) {
+  std::unique_ptr<Kernels> cpu = MakeKernels("cpu").value();
+  std::vector<float> x(1003, 0.5f);
+  x[7] = -kMaxAbsGradient;  // at the limit: in range
+  int32_t flag = 0;
+  ASSERT_TRUE(cpu->FlagOutOfRange(x.size(), x.data(), kMaxAbsGradient, &flag).ok());
+  EXPECT_EQ(flag, 0);
+  for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity(), -2e18f}) {
+    for (size_t at : {size_t{0}, size_t{500}, x.size() - 1}) {
+      std::vector<float> y = x;
+      y[at] = bad;
+      flag = 0;
+      ASSERT_TRUE(cpu->FlagOutOfRange(y.size(), y.data(), kMaxAbsGradient, &flag).ok());
+      EXPECT_EQ(flag, 1) << bad << " at " << at;
+      ASSERT_TRUE(cpu->FlagOutOfRange(x.size(), x.data(), kMaxAbsGradient, &flag).ok());
+      EXPECT_EQ(flag, 1) << "a clean scan leaves the flag set";
+    }
+  }
 }
 
 }  // namespace
