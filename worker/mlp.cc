@@ -95,7 +95,7 @@ Status Mlp::CheckBatch(const float* x, const int32_t* y, int batch, size_t num_p
   return Status::Ok();
 }
 
-Status Mlp::StageParams(const std::vector<const float*>& params) {
+Status Mlp::StageParams(const std::vector<const float*>& params, TensorHome home) {
   const std::vector<size_t> sizes = MlpParamSizes(shape_);
   for (size_t i = 0; i < params.size(); ++i) {
     if (params[i] == nullptr) {
@@ -103,12 +103,12 @@ Status Mlp::StageParams(const std::vector<const float*>& params) {
     }
   }
   for (size_t i = 0; i < params.size(); ++i) {
-    if (on_device_) {
+    if (on_device_ && home == TensorHome::kHost) {
       PS_RETURN_IF_ERROR(
           kernels_->CopyToDevice(params_dev_[i].get(), params[i], sizes[i] * sizeof(float)));
       params_[i] = params_dev_[i].get();
     } else {
-      params_[i] = params[i];  // the CPU backend reads host memory directly
+      params_[i] = params[i];  // already where the kernels read
     }
   }
   return Status::Ok();
@@ -134,9 +134,23 @@ Status Mlp::Forward(const float* x, const int32_t* y, int batch, bool want_grad,
                                        correct);
 }
 
+Status Mlp::ZeroGradients(const std::vector<float*>& grads, TensorHome home) {
+  const std::vector<size_t> sizes = MlpParamSizes(shape_);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (on_device_ && home == TensorHome::kKernels) {
+      const std::vector<float> zeros(sizes[i], 0.0f);
+      PS_RETURN_IF_ERROR(kernels_->CopyToDevice(grads[i], zeros.data(), sizes[i] * sizeof(float)));
+    } else {
+      std::fill(grads[i], grads[i] + sizes[i], 0.0f);
+    }
+  }
+  return Status::Ok();
+}
+
 Status Mlp::ForwardBackward(const float* x, const int32_t* y, int batch,
                             const std::vector<const float*>& params,
-                            const std::vector<float*>& grads, BatchResult* result) {
+                            const std::vector<float*>& grads, BatchResult* result,
+                            TensorHome home) {
   if (batch > max_batch_) {
     return InvalidArgument("Mlp: batch size " + std::to_string(batch) + " exceeds max_batch " +
                            std::to_string(max_batch_));
@@ -152,12 +166,11 @@ Status Mlp::ForwardBackward(const float* x, const int32_t* y, int batch,
       return InvalidArgument("Mlp: gradient tensor " + std::to_string(i) + " is null");
     }
   }
-  if (batch == 0) {
-    // The gradient of a mean over no examples: zero rather than 0/0.
-    for (size_t i = 0; i < grads.size(); ++i) std::fill(grads[i], grads[i] + sizes[i], 0.0f);
-    return Status::Ok();
-  }
-  PS_RETURN_IF_ERROR(StageParams(params));
+  // Gradients go through the model's device buffers only when the caller's are on the host.
+  const bool stage_grads = on_device_ && home == TensorHome::kHost;
+  // The gradient of a mean over no examples: zero rather than 0/0.
+  if (batch == 0) return ZeroGradients(grads, home);
+  PS_RETURN_IF_ERROR(StageParams(params, home));
   const std::vector<int>& w = shape_.layers;
   const float* x_in = x;
   const int32_t* y_in = y;
@@ -177,8 +190,8 @@ Status Mlp::ForwardBackward(const float* x, const int32_t* y, int batch,
   int cur = logits_grad_;
   for (int l = num_layers_ - 1; l >= 0; --l) {
     const float* in = l == 0 ? x_in : act_[l - 1].get();
-    float* gw = on_device_ ? grads_dev_[2 * l].get() : grads[2 * l];
-    float* gb = on_device_ ? grads_dev_[2 * l + 1].get() : grads[2 * l + 1];
+    float* gw = stage_grads ? grads_dev_[2 * l].get() : grads[2 * l];
+    float* gb = stage_grads ? grads_dev_[2 * l + 1].get() : grads[2 * l + 1];
     // dW = in^T delta, db = column sums of delta.
     PS_RETURN_IF_ERROR(
         kernels_->Gemm(true, false, w[l], w[l + 1], batch, 1.0f, in, delta_[cur].get(), 0.0f, gw));
@@ -193,7 +206,7 @@ Status Mlp::ForwardBackward(const float* x, const int32_t* y, int batch,
       cur = 1 - cur;
     }
   }
-  if (on_device_) {
+  if (stage_grads) {
     for (size_t i = 0; i < grads.size(); ++i) {
       PS_RETURN_IF_ERROR(
           kernels_->CopyToHost(grads[i], grads_dev_[i].get(), sizes[i] * sizeof(float)));
@@ -208,10 +221,11 @@ Status Mlp::ForwardBackward(const float* x, const int32_t* y, int batch,
 }
 
 Status Mlp::Evaluate(const float* x, const int32_t* y, int batch,
-                     const std::vector<const float*>& params, BatchResult* result) {
+                     const std::vector<const float*>& params, BatchResult* result,
+                     TensorHome home) {
   PS_RETURN_IF_ERROR(CheckBatch(x, y, batch, params.size()));
   if (batch == 0) return Status::Ok();
-  PS_RETURN_IF_ERROR(StageParams(params));
+  PS_RETURN_IF_ERROR(StageParams(params, home));
   const size_t in_width = static_cast<size_t>(shape_.layers[0]);
   BatchResult sum;
   for (int start = 0; start < batch; start += max_batch_) {

@@ -34,6 +34,17 @@ struct BatchResult {
   int64_t examples = 0;
 };
 
+// Where the parameter and gradient tensors a model is given live.
+enum class TensorHome {
+  // Host buffers: on CUDA the model copies the parameters in and the gradients out each
+  // call (the worker of a job, whose parameters come from and go to the servers).
+  kHost,
+  // The kernels' memory space already (device memory on CUDA; host memory on the CPU,
+  // where the two homes are the same): only the batch is copied. For a model kept on the
+  // device (ps_worker --standalone, worker/standalone.h).
+  kKernels,
+};
+
 class Mlp {
  public:
   // kernels is borrowed and must outlive the Mlp. max_batch (>= 1) bounds the batch size
@@ -47,20 +58,21 @@ class Mlp {
   ~Mlp();
 
   // x: host, batch x layers[0] floats (row-major); y: host, batch int32 labels in
-  // [0, layers.back()). params[i] / grads[i] are host buffers of MlpParamSizes()[i]
-  // floats. Writes the gradient of the MEAN loss over the batch into grads (overwriting)
+  // [0, layers.back()). params[i] / grads[i] are buffers of MlpParamSizes()[i] floats, in
+  // `home`. Writes the gradient of the MEAN loss over the batch into grads (overwriting)
   // and adds the batch's loss sum, correct count and size to *result (may be null).
   // batch 0 zeroes grads and leaves *result as it was. InvalidArgument for batch < 0,
   // batch > max_batch, a label out of range, a null pointer or a wrong number of tensors;
   // on any error *result is unchanged and grads are unspecified.
   Status ForwardBackward(const float* x, const int32_t* y, int batch,
                          const std::vector<const float*>& params, const std::vector<float*>& grads,
-                         BatchResult* result);
+                         BatchResult* result, TensorHome home = TensorHome::kHost);
 
   // Forward only, for evaluation; adds to *result. batch may exceed max_batch: it is
   // processed in slices of max_batch.
   Status Evaluate(const float* x, const int32_t* y, int batch,
-                  const std::vector<const float*>& params, BatchResult* result);
+                  const std::vector<const float*>& params, BatchResult* result,
+                  TensorHome home = TensorHome::kHost);
 
   const MlpShape& shape() const { return shape_; }
   int max_batch() const { return max_batch_; }
@@ -69,8 +81,11 @@ class Mlp {
   Mlp(const MlpShape& shape, Kernels* kernels, int max_batch);
   Status Allocate();
   Status CheckBatch(const float* x, const int32_t* y, int batch, size_t num_params) const;
-  // Makes params_ point at the parameters in the backend's memory space.
-  Status StageParams(const std::vector<const float*>& params);
+  // Makes params_ point at the parameters in the backend's memory space (copied there from
+  // the host when `home` is kHost on CUDA).
+  Status StageParams(const std::vector<const float*>& params, TensorHome home);
+  // Zeroes every gradient tensor, wherever `home` says it is.
+  Status ZeroGradients(const std::vector<float*>& grads, TensorHome home);
   // Runs the layers on `batch` examples at x / y and the loss; writes d(loss)/d(logits)
   // scaled by grad_scale into the last gradient buffer when want_grad.
   Status Forward(const float* x, const int32_t* y, int batch, bool want_grad, float grad_scale,

@@ -89,17 +89,17 @@ Status Network::CheckBatch(const float* x, const int32_t* y, int batch, size_t n
   return Status::Ok();
 }
 
-Status Network::StageParams(const std::vector<const float*>& params) {
+Status Network::StageParams(const std::vector<const float*>& params, TensorHome home) {
   for (size_t i = 0; i < params.size(); ++i) {
     if (params[i] == nullptr) {
       return InvalidArgument("Network: parameter tensor " + std::to_string(i) + " is null");
     }
-    if (on_device_) {
+    if (on_device_ && home == TensorHome::kHost) {
       PS_RETURN_IF_ERROR(
           kernels_->CopyToDevice(params_dev_[i].get(), params[i], param_sizes_[i] * sizeof(float)));
       params_[i] = params_dev_[i].get();
     } else {
-      params_[i] = params[i];  // the CPU backend reads host memory directly
+      params_[i] = params[i];  // already where the kernels read
     }
   }
   return Status::Ok();
@@ -153,9 +153,23 @@ Status Network::Backward(const LayerBatch& b, const float* x, const std::vector<
   return Status::Ok();
 }
 
+Status Network::ZeroGradients(const std::vector<float*>& grads, TensorHome home) {
+  const std::vector<size_t>& sizes = param_sizes_;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (on_device_ && home == TensorHome::kKernels) {
+      const std::vector<float> zeros(sizes[i], 0.0f);
+      PS_RETURN_IF_ERROR(kernels_->CopyToDevice(grads[i], zeros.data(), sizes[i] * sizeof(float)));
+    } else {
+      std::fill(grads[i], grads[i] + sizes[i], 0.0f);
+    }
+  }
+  return Status::Ok();
+}
+
 Status Network::ForwardBackward(const float* x, const int32_t* y, int batch,
                                 const std::vector<const float*>& params,
-                                const std::vector<float*>& grads, BatchResult* result) {
+                                const std::vector<float*>& grads, BatchResult* result,
+                                TensorHome home) {
   if (batch > max_batch_) {
     return InvalidArgument("Network: batch size " + std::to_string(batch) + " exceeds max_batch " +
                            std::to_string(max_batch_));
@@ -171,14 +185,11 @@ Status Network::ForwardBackward(const float* x, const int32_t* y, int batch,
       return InvalidArgument("Network: gradient tensor " + std::to_string(i) + " is null");
     }
   }
-  if (batch == 0) {
-    // The gradient of a mean over no examples: zero rather than 0/0.
-    for (size_t i = 0; i < grads.size(); ++i) {
-      std::fill(grads[i], grads[i] + param_sizes_[i], 0.0f);
-    }
-    return Status::Ok();
-  }
-  PS_RETURN_IF_ERROR(StageParams(params));
+  // Gradients go through the network's device buffers only when the caller's are on the host.
+  const bool stage_grads = on_device_ && home == TensorHome::kHost;
+  // The gradient of a mean over no examples: zero rather than 0/0.
+  if (batch == 0) return ZeroGradients(grads, home);
+  PS_RETURN_IF_ERROR(StageParams(params, home));
   const float* x_in = nullptr;
   const int32_t* y_in = nullptr;
   PS_RETURN_IF_ERROR(StageBatch(x, y, batch, &x_in, &y_in));
@@ -187,11 +198,11 @@ Status Network::ForwardBackward(const float* x, const int32_t* y, int batch,
   int64_t correct = 0;
   PS_RETURN_IF_ERROR(Forward(b, x_in, y_in, 1.0f / batch, /*want_grad=*/true, &loss_sum, &correct));
   std::vector<float*> grads_in = grads;
-  if (on_device_) {
+  if (stage_grads) {
     for (size_t i = 0; i < grads.size(); ++i) grads_in[i] = grads_dev_[i].get();
   }
   PS_RETURN_IF_ERROR(Backward(b, x_in, grads_in));
-  if (on_device_) {
+  if (stage_grads) {
     for (size_t i = 0; i < grads.size(); ++i) {
       PS_RETURN_IF_ERROR(
           kernels_->CopyToHost(grads[i], grads_dev_[i].get(), param_sizes_[i] * sizeof(float)));
@@ -206,10 +217,11 @@ Status Network::ForwardBackward(const float* x, const int32_t* y, int batch,
 }
 
 Status Network::Evaluate(const float* x, const int32_t* y, int batch,
-                         const std::vector<const float*>& params, BatchResult* result) {
+                         const std::vector<const float*>& params, BatchResult* result,
+                         TensorHome home) {
   PS_RETURN_IF_ERROR(CheckBatch(x, y, batch, params.size()));
   if (batch == 0) return Status::Ok();
-  PS_RETURN_IF_ERROR(StageParams(params));
+  PS_RETURN_IF_ERROR(StageParams(params, home));
   const size_t in_width = static_cast<size_t>(spec_.input.size());
   BatchResult sum;
   for (int start = 0; start < batch; start += max_batch_) {

@@ -16,7 +16,7 @@
 #include "common/status.h"
 #include "kernels/kernels.h"
 #include "worker/layer.h"
-#include "worker/mlp.h"  // BatchResult
+#include "worker/mlp.h"  // BatchResult, TensorHome
 
 namespace ps {
 
@@ -36,18 +36,19 @@ class Network {
   const std::vector<size_t>& ParamSizes() const { return param_sizes_; }
 
   // x: host, batch x spec.input.size() floats; y: host, batch int32 labels (in
-  // [0, classes) for softmax_ce, 0 or 1 for sigmoid_ce). params[i] / grads[i]: host
-  // buffers of ParamSizes()[i] floats. Writes the gradient of the MEAN loss into grads and
-  // adds the batch's loss sum, correct count and size to *result (may be null). batch 0
+  // [0, classes) for softmax_ce, 0 or 1 for sigmoid_ce). params[i] / grads[i]: buffers
+  // of ParamSizes()[i] floats in `home` (worker/mlp.h). Writes the gradient of the MEAN loss into
+  // grads and adds the batch's loss sum, correct count and size to *result (may be null). batch 0
   // zeroes grads. InvalidArgument for batch < 0 or > max_batch, a label out of range, a null
   // pointer or a wrong number of tensors.
   Status ForwardBackward(const float* x, const int32_t* y, int batch,
                          const std::vector<const float*>& params, const std::vector<float*>& grads,
-                         BatchResult* result);
+                         BatchResult* result, TensorHome home = TensorHome::kHost);
 
   // Forward only (dropout off), in slices of max_batch; adds to *result.
   Status Evaluate(const float* x, const int32_t* y, int batch,
-                  const std::vector<const float*>& params, BatchResult* result);
+                  const std::vector<const float*>& params, BatchResult* result,
+                  TensorHome home = TensorHome::kHost);
 
   const NetworkSpec& spec() const { return spec_; }
   int max_batch() const { return max_batch_; }
@@ -56,7 +57,9 @@ class Network {
   Network(const NetworkSpec& spec, Kernels* kernels, int max_batch, uint64_t seed);
   Status Allocate();
   Status CheckBatch(const float* x, const int32_t* y, int batch, size_t num_params) const;
-  Status StageParams(const std::vector<const float*>& params);
+  Status StageParams(const std::vector<const float*>& params, TensorHome home);
+  // Zeroes every gradient tensor, wherever `home` says it is.
+  Status ZeroGradients(const std::vector<float*>& grads, TensorHome home);
   // x / y in the backend's memory (staged on CUDA); n <= max_batch.
   Status StageBatch(const float* x, const int32_t* y, int n, const float** x_in,
                     const int32_t** y_in);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -34,17 +35,21 @@ double SecondsSince(SteadyClock::time_point t) {
 }
 
 // One table held whole, as the one server of a one-server job holds it: every row is its
-// values followed by the optimizer's state (common/row_init.h). The model reads the values
-// from the rows themselves unless they carry state; then from `copy`, refreshed after
-// each update (the "pull").
+// values followed by the optimizer's state (common/row_init.h). All three buffers are in
+// the kernels' memory (the GPU's with --device=cuda), so that a step copies nothing but
+// its batch. The model reads the values from the rows themselves unless they carry state;
+// then from `copy`, refreshed after each update (the "pull").
 struct Param {
   TableSpec spec;
-  size_t stride = 0;
-  std::vector<float> rows;  // spec.rows rows of stride floats
-  std::vector<float> copy;  // values only, when rows carry state
-  std::vector<float> grad;
-  const float* values() const { return copy.empty() ? rows.data() : copy.data(); }
-  float* row(uint64_t r) { return rows.data() + r * stride; }
+  int rows = 0;
+  int width = 0;
+  int stride = 0;
+  DeviceBuffer<float> table;  // rows x stride floats
+  DeviceBuffer<float> copy;   // rows x width: the values only, when rows carry state
+  DeviceBuffer<float> grad;   // rows x width
+  bool has_state() const { return stride > width; }
+  size_t grad_floats() const { return static_cast<size_t>(rows) * static_cast<size_t>(width); }
+  const float* values() const { return has_state() ? copy.get() : table.get(); }
 };
 
 // What a run measured, for the train lines and summary.json.
@@ -99,8 +104,9 @@ class StandaloneRun {
   Status TrainEpoch(int epoch);
   Status Step(const Batch& batch, BatchResult* result);
   Status ComputeGradients(const Batch& batch, BatchResult* result);
+  Status CheckGradientsOfStep();
   Status ApplyUpdate();
-  void RefreshValues();
+  Status RefreshValues();
   std::vector<const float*> Values() const;
   Status Evaluate(int epoch, bool final_eval);
   void AppendTrainLine(const Batch& batch, double seconds);
@@ -117,10 +123,11 @@ class StandaloneRun {
   // The model: the MLP, or the --network (--model=network).
   std::unique_ptr<Mlp> mlp_;
   std::unique_ptr<Network> net_;
-  std::unique_ptr<Optimizer> optimizer_;
+  UpdateRule rule_;
   std::optional<LrPolicy> lr_policy_;
   std::vector<Param> params_;
   std::vector<float*> grads_;
+  DeviceBuffer<int32_t> bad_gradient_;  // FlagOutOfRange's flag for a step's gradients
   std::vector<float> x_;
   std::vector<int32_t> y_;
   float lr_ = 0;          // the last step's learning rate
@@ -138,7 +145,7 @@ Status StandaloneRun::Open() {
   PS_ASSIGN_OR_RETURN(test_, LoadIdxDatasetCached(config_.data_dir, "t10k"));
   dim_ = static_cast<size_t>(train_.rows) * static_cast<size_t>(train_.cols);
   PS_RETURN_IF_ERROR(CreateModel());
-  PS_ASSIGN_OR_RETURN(optimizer_, MakeOptimizer(config_));
+  PS_ASSIGN_OR_RETURN(rule_, MakeUpdateRule(config_));
   config_.SetWholeJobMaxIter(static_cast<uint64_t>(train_.count));  // as the coordinator does
   PS_ASSIGN_OR_RETURN(LrPolicy lr_policy, LrPolicy::Create(config_));
   lr_policy_.emplace(std::move(lr_policy));
@@ -169,25 +176,39 @@ Status StandaloneRun::CreateModel() {
   return Status::Ok();
 }
 
-// Every table whole, initialized as a server initializes the rows it holds.
+// Every table whole, initialized as a server initializes the rows it holds, then moved
+// into the kernels' memory.
 Status StandaloneRun::BuildTables() {
   params_.reserve(config_.table_specs.size());
   for (const TableSpec& spec : config_.table_specs) {
     if (!spec.dense()) {
       return InvalidArgument("--standalone holds dense tables only; '" + spec.name + "' is sparse");
     }
-    const size_t state = optimizer_->StateFloats(spec.width);
+    const size_t stride = spec.width + rule_.StateFloats(spec.width);
+    if (spec.rows > INT_MAX || stride > INT_MAX) {
+      return InvalidArgument(
+          "--standalone holds tables of fewer than 2^31 rows of fewer than "
+          "2^31 floats; '" +
+          spec.name + "' has " + std::to_string(spec.rows) + " rows of " + std::to_string(stride));
+    }
     Param& p = params_.emplace_back();
     p.spec = spec;
-    p.stride = spec.width + state;
-    p.rows.resize(spec.rows * p.stride);
-    InitializeRows(spec, config_.seed, 0, p.stride, p.rows);
-    p.grad.assign(spec.rows * spec.width, 0.0f);
-    if (state > 0) p.copy.assign(spec.rows * spec.width, 0.0f);
+    p.rows = static_cast<int>(spec.rows);
+    p.width = static_cast<int>(spec.width);
+    p.stride = static_cast<int>(stride);
+    std::vector<float> rows(spec.rows * stride);
+    InitializeRows(spec, config_.seed, 0, stride, rows);
+    PS_ASSIGN_OR_RETURN(p.table, DeviceBuffer<float>::Make(kernels_.get(), rows.size()));
+    PS_RETURN_IF_ERROR(
+        kernels_->CopyToDevice(p.table.get(), rows.data(), rows.size() * sizeof(float)));
+    PS_ASSIGN_OR_RETURN(p.grad, DeviceBuffer<float>::Make(kernels_.get(), p.grad_floats()));
+    if (p.has_state()) {
+      PS_ASSIGN_OR_RETURN(p.copy, DeviceBuffer<float>::Make(kernels_.get(), p.grad_floats()));
+    }
   }
-  for (Param& p : params_) grads_.push_back(p.grad.data());
-  RefreshValues();
-  return Status::Ok();
+  for (Param& p : params_) grads_.push_back(p.grad.get());
+  PS_ASSIGN_OR_RETURN(bad_gradient_, DeviceBuffer<int32_t>::Make(kernels_.get(), 1));
+  return RefreshValues();
 }
 
 std::vector<const float*> StandaloneRun::Values() const {
@@ -197,14 +218,13 @@ std::vector<const float*> StandaloneRun::Values() const {
 }
 
 // The "pull": the values out of rows that carry state (nothing to do for plain SGD).
-void StandaloneRun::RefreshValues() {
+Status StandaloneRun::RefreshValues() {
   for (Param& p : params_) {
-    if (p.copy.empty()) continue;
-    const size_t w = p.spec.width;
-    for (uint64_t r = 0; r < p.spec.rows; ++r) {
-      std::memcpy(p.copy.data() + r * w, p.row(r), w * sizeof(float));
-    }
+    if (!p.has_state()) continue;
+    PS_RETURN_IF_ERROR(
+        kernels_->Copy2d(p.rows, p.width, p.table.get(), p.stride, p.copy.get(), p.width));
   }
+  return Status::Ok();
 }
 
 Status StandaloneRun::Train() {
@@ -273,7 +293,7 @@ Status StandaloneRun::Step(const Batch& batch, BatchResult* result) {
   PS_RETURN_IF_ERROR(ApplyUpdate());
   const auto t2 = SteadyClock::now();
   stats_.apply_seconds += std::chrono::duration<double>(t2 - t1).count();
-  RefreshValues();
+  PS_RETURN_IF_ERROR(RefreshValues());
   stats_.copy_seconds += SecondsSince(t2);
   ++stats_.steps;
   stats_.examples += static_cast<int64_t>(batch.n);
@@ -283,37 +303,51 @@ Status StandaloneRun::Step(const Batch& batch, BatchResult* result) {
 // The batch's mean gradient, scaled as a worker scales a short batch's.
 Status StandaloneRun::ComputeGradients(const Batch& batch, BatchResult* result) {
   const int n = static_cast<int>(batch.n);
-  PS_RETURN_IF_ERROR(
-      net_ ? net_->ForwardBackward(x_.data(), y_.data(), n, Values(), grads_, result)
-           : mlp_->ForwardBackward(x_.data(), y_.data(), n, Values(), grads_, result));
+  PS_RETURN_IF_ERROR(net_ ? net_->ForwardBackward(x_.data(), y_.data(), n, Values(), grads_, result,
+                                                  TensorHome::kKernels)
+                          : mlp_->ForwardBackward(x_.data(), y_.data(), n, Values(), grads_, result,
+                                                  TensorHome::kKernels));
   const float scale = static_cast<float>(batch.n) / static_cast<float>(config_.batch_size);
   if (scale != 1.0f) {
-    for (Param& p : params_) {
-      for (float& g : p.grad) g *= scale;
-    }
+    for (Param& p : params_)
+      PS_RETURN_IF_ERROR(kernels_->Scale(p.grad_floats(), scale, p.grad.get()));
   }
   return Status::Ok();
 }
 
-// The server's update: every gradient checked, then each row through the optimizer at the
-// schedule's rate for this step (a fresh gradient: staleness 0).
-Status StandaloneRun::ApplyUpdate() {
+// The servers' check of every gradient (common/gradient_check.h), as one flag for the whole
+// step read back from the kernels' memory; only a step that raised it looks for the value
+// to name, table by table, on the host.
+Status StandaloneRun::CheckGradientsOfStep() {
+  int32_t bad = 0;
+  PS_RETURN_IF_ERROR(kernels_->CopyToDevice(bad_gradient_.get(), &bad, sizeof(bad)));
   for (const Param& p : params_) {
-    if (Status s = CheckGradients(p.grad); !s.ok()) {
+    PS_RETURN_IF_ERROR(kernels_->FlagOutOfRange(p.grad_floats(), p.grad.get(), kMaxAbsGradient,
+                                                bad_gradient_.get()));
+  }
+  PS_RETURN_IF_ERROR(kernels_->CopyToHost(&bad, bad_gradient_.get(), sizeof(bad)));
+  if (bad == 0) return Status::Ok();
+  for (const Param& p : params_) {
+    std::vector<float> grad(p.grad_floats());
+    PS_RETURN_IF_ERROR(
+        kernels_->CopyToHost(grad.data(), p.grad.get(), grad.size() * sizeof(float)));
+    if (Status s = CheckGradients(grad); !s.ok()) {
       return InvalidArgument("step " + std::to_string(stats_.steps) + " of table '" + p.spec.name +
                              "' has " + s.message() + ": the model diverged");
     }
   }
+  return Internal("a gradient of step " + std::to_string(stats_.steps) +
+                  " was flagged out of range, but no table holds one");
+}
+
+// The server's update: every gradient checked, then each row through the servers' rule
+// (Kernels::ApplyUpdate) at the schedule's rate for this step (a fresh gradient: staleness 0).
+Status StandaloneRun::ApplyUpdate() {
+  PS_RETURN_IF_ERROR(CheckGradientsOfStep());
   lr_ = static_cast<float>(lr_policy_->Rate(stats_.steps, 0));
   for (Param& p : params_) {
-    const size_t w = p.spec.width;
-    const size_t state = p.stride - w;
-    const std::span<const float> g(p.grad);
-    for (uint64_t r = 0; r < p.spec.rows; ++r) {
-      float* row = p.row(r);
-      optimizer_->Apply(std::span<float>(row, w), std::span<float>(row + w, state),
-                        g.subspan(r * w, w), lr_);
-    }
+    PS_RETURN_IF_ERROR(
+        kernels_->ApplyUpdate(rule_, lr_, p.rows, p.width, p.stride, p.table.get(), p.grad.get()));
   }
   return Status::Ok();
 }
@@ -321,9 +355,10 @@ Status StandaloneRun::ApplyUpdate() {
 Status StandaloneRun::Evaluate(int epoch, bool final_eval) {
   BatchResult r;
   const int n_test = static_cast<int>(test_.count);
-  PS_RETURN_IF_ERROR(
-      net_ ? net_->Evaluate(test_.pixels.data(), test_.labels.data(), n_test, Values(), &r)
-           : mlp_->Evaluate(test_.pixels.data(), test_.labels.data(), n_test, Values(), &r));
+  PS_RETURN_IF_ERROR(net_ ? net_->Evaluate(test_.pixels.data(), test_.labels.data(), n_test,
+                                           Values(), &r, TensorHome::kKernels)
+                          : mlp_->Evaluate(test_.pixels.data(), test_.labels.data(), n_test,
+                                           Values(), &r, TensorHome::kKernels));
   const double n = static_cast<double>(std::max<int64_t>(1, r.examples));
   EvalLine eval;
   eval.worker = 0;

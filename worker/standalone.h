@@ -8,8 +8,13 @@
 // --chunk_examples), the same gradient scaling, the same learning rate per step
 // (iteration = step, as for a job of one worker) and the same update rule applied row by
 // row (common/optimizer.h). Its final model, and so its test loss, is bit-identical to such
-// a job's (tests/integration/standalone_test.cc checks this). Gradients pass the servers'
-// check (common/gradient_check.h); a bad one stops the run with an error.
+// a job's on the CPU (tests/integration/standalone_test.cc checks this). Gradients pass the
+// servers' check (common/gradient_check.h); a bad one stops the run with an error.
+//
+// The tables (values and optimizer state), the gradients and the model's activations stay
+// in the kernels' memory: the GPU's with --device=cuda, where the update is
+// Kernels::ApplyUpdate's CUDA kernel and a step copies only its batch in and its loss and
+// one gradient-check flag out. That makes it the one-GPU baseline a job is measured against.
 //
 // It writes the run files a job writes (metrics.jsonl train and eval lines, summary.json
 // with the same keys where they apply, `"mode": "standalone"`). --model=mlp or network.

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "kernels/blas_core.h"
+#include "kernels/kernels.h"
 #include "tests/integration/job_test_util.h"
 
 namespace ps {
@@ -63,11 +64,12 @@ class StandaloneTest : public itest::JobTest {
     return ReadSummary();
   }
 
-  // `ps_worker --standalone` with `env` ("NAME=VALUE", set for it alone) on kJobFlags; its
-  // summary. With `comm`: the process's name once it has started training (after any
-  // restart), read from /proc while it runs or before it is reaped.
+  // `ps_worker --standalone` with `env` ("NAME=VALUE", set for it alone) and `worker_flags`
+  // on kJobFlags; its summary. With `comm`: the process's name once it has started training (after
+  // any restart), read from /proc while it runs or before it is reaped.
   Result<json> RunStandalone(const std::vector<std::string>& env, const std::string& name,
-                             std::string* comm = nullptr) {
+                             std::string* comm = nullptr,
+                             const std::vector<std::string>& worker_flags = {}) {
     std::string job_flags;
     for (const std::string& f : kJobFlags) job_flags += f + " ";
     std::vector<std::string> argv = {"/usr/bin/env", "-u", "OPENBLAS_CORETYPE", "-u",
@@ -79,6 +81,7 @@ class StandaloneTest : public itest::JobTest {
           "--job_flagfile=" + Flagfile(), "--job_flags=" + job_flags, "--run_dir=" + run_dir}) {
       argv.push_back(a);
     }
+    argv.insert(argv.end(), worker_flags.begin(), worker_flags.end());
     PS_ASSIGN_OR_RETURN(itest::ChildProcess p,
                         itest::ChildProcess::Spawn(argv, dir_.Join(name + ".log")));
     if (comm != nullptr) {
@@ -241,6 +244,24 @@ TEST_F(StandaloneTest, RunsTheBestOpenBlasKernelsOfTheCpuUnlessTheUserChose) {
   EXPECT_EQ(strcasecmp(BlasCoreOf(*forced).c_str(), "Prescott"), 0) << forced->dump();
   // Other kernels sum in another order, so the models differ in the last bits only.
   EXPECT_NEAR(forced->value("test_accuracy", 0.0), chosen->value("test_accuracy", 1.0), 0.01);
+}
+
+// On the GPU the standalone run keeps its model, optimizer state and gradients in device
+// memory (worker/standalone.h): one epoch trains as on the CPU, within the rounding of
+// other kernels. Skipped where no GPU is visible.
+TEST_F(StandaloneTest, OnTheGpuTrainsAsOnTheCpu) {
+  SKIP_WITHOUT_FASHION_MNIST();
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device visible";
+  Result<json> cpu = RunStandalone({}, "cpu");
+  ASSERT_TRUE(cpu.ok()) << cpu.status().ToString();
+  Result<json> gpu = RunStandalone({}, "gpu", nullptr, {"--device=cuda"});
+  ASSERT_TRUE(gpu.ok()) << gpu.status().ToString();
+  EXPECT_EQ(gpu->value("status", ""), "ok") << gpu->dump();
+  EXPECT_NE(gpu->at("workers")[0].value("device", "").find("(cuda:"), std::string::npos)
+      << gpu->dump();
+  EXPECT_NEAR(gpu->value("test_accuracy", 0.0), cpu->value("test_accuracy", 1.0), 0.01);
+  EXPECT_NEAR(gpu->value("test_loss", 0.0), cpu->value("test_loss", 1.0),
+              0.02 * cpu->value("test_loss", 1.0));
 }
 
 }  // namespace

@@ -337,6 +337,66 @@ TEST_P(MlpTest, MnistSizedStepGivesFiniteGradients) {
   }
 }
 
+// Parameters and gradients kept in the kernels' memory (TensorHome::kKernels, the
+// standalone's model on the device): the same gradients and losses as host tensors give,
+// bit for bit (the same kernels run in the same order), and an empty batch zeroes them there.
+TEST_P(MlpTest, TensorsInTheKernelsMemoryGiveTheHostPathsResults) {
+  const MlpShape shape{{6, 9, 4}};
+  std::unique_ptr<Mlp> mlp = MakeMlp(shape, 5);
+  ASSERT_NE(mlp, nullptr);
+  Params params = MakeParams(shape, rng_);
+  Params host_grads = MakeParams(shape, rng_);
+  std::vector<float> x(5 * 6);
+  for (float& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng_);
+  const std::vector<int32_t> y = {0, 3, 1, 2, 3};
+  BatchResult host;
+  ASSERT_TRUE(
+      mlp->ForwardBackward(x.data(), y.data(), 5, params.Const(), host_grads.Mutable(), &host)
+          .ok());
+
+  std::vector<DeviceBuffer<float>> d_params, d_grads;
+  std::vector<const float*> param_ptrs;
+  std::vector<float*> grad_ptrs;
+  for (const std::vector<float>& t : params.tensors) {
+    DeviceBuffer<float> p = DeviceBuffer<float>::Make(kernels_.get(), t.size()).value();
+    ASSERT_TRUE(kernels_->CopyToDevice(p.get(), t.data(), t.size() * sizeof(float)).ok());
+    DeviceBuffer<float> g = DeviceBuffer<float>::Make(kernels_.get(), t.size()).value();
+    const std::vector<float> garbage(t.size(), std::nanf(""));
+    ASSERT_TRUE(kernels_->CopyToDevice(g.get(), garbage.data(), t.size() * sizeof(float)).ok());
+    param_ptrs.push_back(p.get());
+    grad_ptrs.push_back(g.get());
+    d_params.push_back(std::move(p));
+    d_grads.push_back(std::move(g));
+  }
+  auto download = [&] {
+    std::vector<std::vector<float>> out;
+    for (const DeviceBuffer<float>& g : d_grads) {
+      std::vector<float> h(g.size());
+      EXPECT_TRUE(kernels_->CopyToHost(h.data(), g.get(), h.size() * sizeof(float)).ok());
+      out.push_back(std::move(h));
+    }
+    return out;
+  };
+  BatchResult kept;
+  ASSERT_TRUE(mlp->ForwardBackward(x.data(), y.data(), 5, param_ptrs, grad_ptrs, &kept,
+                                   TensorHome::kKernels)
+                  .ok());
+  EXPECT_EQ(download(), host_grads.tensors);
+  EXPECT_EQ(kept.loss_sum, host.loss_sum);
+  EXPECT_EQ(kept.correct, host.correct);
+  BatchResult eval_host, eval_kept;
+  ASSERT_TRUE(mlp->Evaluate(x.data(), y.data(), 5, params.Const(), &eval_host).ok());
+  ASSERT_TRUE(
+      mlp->Evaluate(x.data(), y.data(), 5, param_ptrs, &eval_kept, TensorHome::kKernels).ok());
+  EXPECT_EQ(eval_kept.loss_sum, eval_host.loss_sum);
+  ASSERT_TRUE(mlp->ForwardBackward(nullptr, nullptr, 0, param_ptrs, grad_ptrs, nullptr,
+                                   TensorHome::kKernels)
+                  .ok());
+  for (const std::vector<float>& g : download()) {
+    EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; }));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Devices, MlpTest, ::testing::ValuesIn(Devices()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
