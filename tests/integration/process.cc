@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -324,6 +325,11 @@ TempDir::TempDir(const std::string& prefix) {
 }
 
 TempDir::~TempDir() {
+  // PS_KEEP_TEST_DIRS=1 keeps every test's directory (its processes' logs) for a post-mortem.
+  if (const char* keep = std::getenv("PS_KEEP_TEST_DIRS"); keep != nullptr && keep[0] == '1') {
+    std::fprintf(stderr, "kept %s (PS_KEEP_TEST_DIRS=1)\n", path_.c_str());
+    return;
+  }
   std::error_code ec;
   std::filesystem::remove_all(path_, ec);
   if (ec) LOG(WARNING) << "could not remove " << path_ << ": " << ec.message();
