@@ -39,6 +39,19 @@ RequestKind Classify(const Frames& request) {
   }
 }
 
+bool IsShardRequest(const Frames& request) {
+  if (request.empty()) return false;
+  Result<DecodedHeader> h = DecodedHeader::Decode(request[0]);
+  if (!h.ok()) return false;
+  try {
+    const auto which = h->get().getBody().which();
+    return which == wire::Header::Body::PUSH || which == wire::Header::Body::PULL ||
+           which == wire::Header::Body::CLOCK;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 int TargetServer(const Frames& request) {
   if (request.empty()) return -1;
   Result<DecodedHeader> h = DecodedHeader::Decode(request[0]);

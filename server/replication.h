@@ -57,6 +57,10 @@ int BackupOf(const JobConfig& config, int primary);
 enum class RequestKind { kOther, kChangesState, kReplicate, kPromote, kRereplicate, kSeed };
 RequestKind Classify(const Frames& request);
 
+// Whether the request is a worker's push, pull or clock tick: one that reads or changes a
+// server's shards (false for anything that does not decode).
+bool IsShardRequest(const Frames& request);
+
 // The header's targetServer (-1: none, or a request that does not decode).
 int TargetServer(const Frames& request);
 

@@ -262,6 +262,17 @@ bool RequestLoop::Dispatch(Incoming& in, std::vector<Outgoing>* out, ServerCore:
     SeedSelf(in);
     return true;
   }
+  // A restarted server serves none of its shards until their copy has loaded: a worker's
+  // request that reaches it first (one queued for the old server's port) would see fresh
+  // rows, or be applied and then lost under the copy. Unanswered, it is sent again when
+  // the coordinator redirects the worker here, after the load.
+  if (awaiting_seed_ && IsShardRequest(in.frames)) {
+    LOG_EVERY_N(WARNING, 100) << Who()
+                              << ": dropped a worker's request that came before the "
+                                 "copy of its shards ("
+                              << google::COUNTER << " so far)";
+    return false;
+  }
   // After a failover, requests for a dead primary's shards go to its promoted core.
   ServerCore* promoted = nullptr;
   int target = -1;
@@ -424,7 +435,19 @@ Status RequestLoop::Relink(int primary, const std::string& endpoint, size_t* byt
   PS_ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> to, options_.transport->Connect(endpoint));
   const auto timeout = link_ != nullptr ? link_->timeout() : options_.seed_timeout;
   auto link = std::make_unique<BackupLink>(std::move(to), core_.server_id(), timeout);
-  PS_RETURN_IF_ERROR(link->Send(std::move(seed)).status());
+  PS_ASSIGN_OR_RETURN(const uint64_t seed_seq, link->Send(std::move(seed)));
+  // The shards have two copies only once the backup has loaded this one: until its
+  // acknowledgement the copy may still sit in this process's send queue, and if this server
+  // died then, its backup would be promoted with no copy at all (an empty model). So the
+  // coordinator hears of the new copy only after the acknowledgement (or the link's timeout).
+  while (link->Poll(ServerCore::Clock::now()) < seed_seq && !link->down()) {
+    zmq::pollitem_t item = {link->PollHandle().handle(), 0, ZMQ_POLLIN, 0};
+    PollSockets(&item, 1, std::chrono::milliseconds(50));
+  }
+  if (link->down()) {
+    return Unavailable("the restarted backup at " + endpoint + " did not acknowledge the copy of " +
+                       Who() + "'s shards");
+  }
   *options_.relink = std::move(link);
   link_ = options_.relink->get();
   return Status::Ok();

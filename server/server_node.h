@@ -81,7 +81,8 @@ struct ServeOptions {
   std::chrono::milliseconds seed_timeout{30000};
   // This server restarts a dead one (--replicas=2, RegisterReply.rejoin): `core` is empty
   // until the backup that served its shards sends them (a `seed`); a seed that does not
-  // load ends the loop with its error.
+  // load ends the loop with its error. Until then workers' pushes, pulls and clock ticks
+  // go unanswered: they are sent again when the coordinator redirects the workers here.
   bool awaiting_seed = false;
   // When its replies say this server was declared dead and replaced (--replicas=1), the
   // loop ends with FailedPrecondition. nullptr: not asked.

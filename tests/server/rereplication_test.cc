@@ -4,7 +4,11 @@
 // copy; a promoted copy handed back becomes a backup's copy again.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <thread>
+
 #include "server/replication.h"
+#include "server/server_node.h"
 #include "tests/server/core_reads.h"
 #include "tests/server/test_messages.h"
 
@@ -216,6 +220,116 @@ TEST(RereplicationTest, AHandBackAndAForwardedSeedMakeTheChainWholeAgain) {
   const std::vector<uint64_t> dense_one = DenseKeys(config, 1);
   EXPECT_EQ(Rows(*on_zero.shadow(1), 0, dense_one), Rows(*one, 0, dense_one));
   EXPECT_EQ(on_zero.shadow(1)->worker_clock(0), 3);
+}
+
+// A restarted server (ServeOptions::awaiting_seed) answers none of its shards' requests
+// until their copy has loaded: a push that reaches it first is neither applied nor
+// acknowledged (it would be lost under the copy, or see fresh rows). Sent again after the
+// load (same id, as a redirected worker resends it), it is applied once, on the copy.
+TEST(RereplicationTest, ARestartedServerServesNothingBeforeItsCopyLoads) {
+  const JobConfig config = TwoServers();
+  uint64_t rid = 0;
+  std::unique_ptr<ServerCore> original = ServerCore::Create(config, 0).value();
+  ASSERT_NO_FATAL_FAILURE(Train(*original, config, &rid, 2));
+  size_t bytes = 0;
+  Result<Frames> seed = SeedMessage(*original, 50, &bytes);
+  ASSERT_TRUE(seed.ok()) << seed.status().ToString();
+
+  Transport transport;
+  std::unique_ptr<ServerSocket> listen = transport.Listen("inproc://awaiting-seed").value();
+  std::unique_ptr<ServerCore> restarted = ServerCore::Create(config, 0).value();
+  BackupStore backups(config, 0);
+  std::atomic<bool> stop{false};
+  Status served;
+  std::thread loop([&] {
+    served = ServeUntilShutdown(*listen, *restarted, stop,
+                                {.poll_interval = std::chrono::milliseconds(20),
+                                 .report_interval = std::chrono::milliseconds(0),
+                                 .backups = &backups,
+                                 .awaiting_seed = true});
+  });
+  std::unique_ptr<ClientSocket> client = transport.Connect(listen->BoundEndpoint()).value();
+  const std::vector<uint64_t> dense = DenseKeys(config, 0);
+  const std::vector<float> g(dense.size() * 3, 0.5f);
+  // Pulled at the copy's version (two clocks of two workers' pushes: 4).
+  Frames push = VersionedPush(++rid, 0, dense.front(), dense.back() + 1, g, 0, 2, 4);
+  ASSERT_TRUE(client->Send(ShareFrames(push)).ok());
+  EXPECT_FALSE(client->Recv(std::chrono::milliseconds(300)).ok()) << "answered before the copy";
+
+  Result<CallReply> loaded = Call(*client, std::move(seed).value(), std::chrono::seconds(10));
+  ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_EQ(loaded->header.get().getBody().which(), wire::Header::Body::SEED_REPLY);
+  Result<CallReply> applied = Call(*client, ShareFrames(push), std::chrono::seconds(10));
+  ASSERT_TRUE(applied.ok()) << applied.status().ToString();
+  stop = true;
+  loop.join();
+  EXPECT_TRUE(served.ok() || served.code() == StatusCode::kAborted) << served.ToString();
+  ASSERT_TRUE(ReplyStatus(original->HandleOne(push)).ok());
+  EXPECT_EQ(Rows(*restarted, 0, dense), Rows(*original, 0, dense))
+      << "the push applied once, after the copy";
+}
+
+// A primary asked to send its shards to a restarted backup (a relink) answers the
+// coordinator only once that backup has acknowledged the copy: until then the copy may be
+// in the primary's send queue only, and a primary that died then would leave its backup
+// to be promoted with no copy at all. A backup that does not answer within the link's
+// timeout gets no link and the coordinator an error; one that answers holds the copy.
+TEST(RereplicationTest, ARelinkAnswersOnlyOnceTheNewBackupHoldsTheCopy) {
+  const JobConfig config = TwoServers();
+  uint64_t rid = 0;
+  Transport transport;
+  std::unique_ptr<ServerSocket> listen0 = transport.Listen("inproc://relink-0").value();
+  std::unique_ptr<ServerSocket> listen1 = transport.Listen("inproc://relink-1").value();
+  std::unique_ptr<ServerCore> core0 = ServerCore::Create(config, 0).value();
+  ASSERT_NO_FATAL_FAILURE(Train(*core0, config, &rid, 2));
+  std::unique_ptr<ServerCore> core1 = ServerCore::Create(config, 1).value();
+  BackupStore backups0(config, 0), backups1(config, 1);
+  std::unique_ptr<BackupLink> relink0;
+  std::atomic<bool> stop0{false}, stop1{false};
+  std::thread loop0([&] {
+    (void)ServeUntilShutdown(*listen0, *core0, stop0,
+                             {.poll_interval = std::chrono::milliseconds(20),
+                              .report_interval = std::chrono::milliseconds(0),
+                              .backups = &backups0,
+                              .transport = &transport,
+                              .relink = &relink0,
+                              .seed_timeout = std::chrono::milliseconds(1000)});
+  });
+  std::unique_ptr<ClientSocket> coordinator = transport.Connect(listen0->BoundEndpoint()).value();
+  auto relink = [&] {
+    capnp::MallocMessageBuilder b;
+    auto r = NewHeader(b, ++rid, -1).getBody().initRereplicate();
+    r.setPrimary(0);
+    r.setEndpoint(listen1->BoundEndpoint());
+    r.setHandBack(false);
+    Frames f;
+    f.push_back(EncodeFrame(b));
+    return Call(*coordinator, std::move(f), std::chrono::seconds(10));
+  };
+  // Server 1's loop is not running: nothing acknowledges the copy.
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<CallReply> unanswered = relink();
+  EXPECT_EQ(unanswered.status().code(), StatusCode::kUnavailable) << unanswered.status().ToString();
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(900));
+
+  std::thread loop1([&] {
+    (void)ServeUntilShutdown(*listen1, *core1, stop1,
+                             {.poll_interval = std::chrono::milliseconds(20),
+                              .report_interval = std::chrono::milliseconds(0),
+                              .backups = &backups1});
+  });
+  Result<CallReply> answered = relink();
+  ASSERT_TRUE(answered.ok()) << answered.status().ToString();
+  EXPECT_GT(answered->header.get().getBody().getRereplicateReply().getBytes(), 100u);
+  stop1 = true;
+  loop1.join();
+  stop0 = true;
+  loop0.join();
+  ASSERT_NE(backups1.shadow(0), nullptr) << "acknowledged, so loaded";
+  const std::vector<uint64_t> dense = DenseKeys(config, 0);
+  EXPECT_EQ(Rows(*backups1.shadow(0), 0, dense), Rows(*core0, 0, dense));
+  ASSERT_NE(relink0, nullptr);
+  EXPECT_FALSE(relink0->down());
 }
 
 }  // namespace
