@@ -16,6 +16,19 @@ std::vector<size_t> MlpParamSizes(const MlpShape& shape) {
   return sizes;
 }
 
+Status ZeroTensors(Kernels& kernels, TensorHome home, const std::vector<float*>& tensors,
+                   const std::vector<size_t>& sizes) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (home == TensorHome::kKernels && kernels.IsCuda()) {
+      const std::vector<float> zeros(sizes[i], 0.0f);
+      PS_RETURN_IF_ERROR(kernels.CopyToDevice(tensors[i], zeros.data(), sizes[i] * sizeof(float)));
+    } else {
+      std::fill(tensors[i], tensors[i] + sizes[i], 0.0f);
+    }
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<Mlp>> Mlp::Create(const MlpShape& shape, Kernels* kernels, int max_batch) {
   if (kernels == nullptr) return InvalidArgument("Mlp: kernels is null");
   if (shape.layers.size() < 2) {
@@ -134,19 +147,6 @@ Status Mlp::Forward(const float* x, const int32_t* y, int batch, bool want_grad,
                                        correct);
 }
 
-Status Mlp::ZeroGradients(const std::vector<float*>& grads, TensorHome home) {
-  const std::vector<size_t> sizes = MlpParamSizes(shape_);
-  for (size_t i = 0; i < grads.size(); ++i) {
-    if (on_device_ && home == TensorHome::kKernels) {
-      const std::vector<float> zeros(sizes[i], 0.0f);
-      PS_RETURN_IF_ERROR(kernels_->CopyToDevice(grads[i], zeros.data(), sizes[i] * sizeof(float)));
-    } else {
-      std::fill(grads[i], grads[i] + sizes[i], 0.0f);
-    }
-  }
-  return Status::Ok();
-}
-
 Status Mlp::ForwardBackward(const float* x, const int32_t* y, int batch,
                             const std::vector<const float*>& params,
                             const std::vector<float*>& grads, BatchResult* result,
@@ -169,7 +169,7 @@ Status Mlp::ForwardBackward(const float* x, const int32_t* y, int batch,
   // Gradients go through the model's device buffers only when the caller's are on the host.
   const bool stage_grads = on_device_ && home == TensorHome::kHost;
   // The gradient of a mean over no examples: zero rather than 0/0.
-  if (batch == 0) return ZeroGradients(grads, home);
+  if (batch == 0) return ZeroTensors(*kernels_, home, grads, MlpParamSizes(shape_));
   PS_RETURN_IF_ERROR(StageParams(params, home));
   const std::vector<int>& w = shape_.layers;
   const float* x_in = x;

@@ -45,6 +45,10 @@ enum class TensorHome {
   kKernels,
 };
 
+// Zeroes tensors[i] (sizes[i] floats) in `home`: the gradient of a mean over no examples.
+Status ZeroTensors(Kernels& kernels, TensorHome home, const std::vector<float*>& tensors,
+                   const std::vector<size_t>& sizes);
+
 class Mlp {
  public:
   // kernels is borrowed and must outlive the Mlp. max_batch (>= 1) bounds the batch size
@@ -84,8 +88,6 @@ class Mlp {
   // Makes params_ point at the parameters in the backend's memory space (copied there from
   // the host when `home` is kHost on CUDA).
   Status StageParams(const std::vector<const float*>& params, TensorHome home);
-  // Zeroes every gradient tensor, wherever `home` says it is.
-  Status ZeroGradients(const std::vector<float*>& grads, TensorHome home);
   // Runs the layers on `batch` examples at x / y and the loss; writes d(loss)/d(logits)
   // scaled by grad_scale into the last gradient buffer when want_grad.
   Status Forward(const float* x, const int32_t* y, int batch, bool want_grad, float grad_scale,

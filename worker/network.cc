@@ -153,19 +153,6 @@ Status Network::Backward(const LayerBatch& b, const float* x, const std::vector<
   return Status::Ok();
 }
 
-Status Network::ZeroGradients(const std::vector<float*>& grads, TensorHome home) {
-  const std::vector<size_t>& sizes = param_sizes_;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    if (on_device_ && home == TensorHome::kKernels) {
-      const std::vector<float> zeros(sizes[i], 0.0f);
-      PS_RETURN_IF_ERROR(kernels_->CopyToDevice(grads[i], zeros.data(), sizes[i] * sizeof(float)));
-    } else {
-      std::fill(grads[i], grads[i] + sizes[i], 0.0f);
-    }
-  }
-  return Status::Ok();
-}
-
 Status Network::ForwardBackward(const float* x, const int32_t* y, int batch,
                                 const std::vector<const float*>& params,
                                 const std::vector<float*>& grads, BatchResult* result,
@@ -188,7 +175,7 @@ Status Network::ForwardBackward(const float* x, const int32_t* y, int batch,
   // Gradients go through the network's device buffers only when the caller's are on the host.
   const bool stage_grads = on_device_ && home == TensorHome::kHost;
   // The gradient of a mean over no examples: zero rather than 0/0.
-  if (batch == 0) return ZeroGradients(grads, home);
+  if (batch == 0) return ZeroTensors(*kernels_, home, grads, param_sizes_);
   PS_RETURN_IF_ERROR(StageParams(params, home));
   const float* x_in = nullptr;
   const int32_t* y_in = nullptr;

@@ -58,8 +58,6 @@ class Network {
   Status Allocate();
   Status CheckBatch(const float* x, const int32_t* y, int batch, size_t num_params) const;
   Status StageParams(const std::vector<const float*>& params, TensorHome home);
-  // Zeroes every gradient tensor, wherever `home` says it is.
-  Status ZeroGradients(const std::vector<float*>& grads, TensorHome home);
   // x / y in the backend's memory (staged on CUDA); n <= max_batch.
   Status StageBatch(const float* x, const int32_t* y, int n, const float** x_in,
                     const int32_t** y_in);
