@@ -186,10 +186,11 @@ Status StandaloneRun::BuildTables() {
     }
     const size_t stride = spec.width + rule_.StateFloats(spec.width);
     if (spec.rows > INT_MAX || stride > INT_MAX) {
-      return InvalidArgument(
-          "--standalone holds tables of fewer than 2^31 rows of fewer than "
-          "2^31 floats; '" +
-          spec.name + "' has " + std::to_string(spec.rows) + " rows of " + std::to_string(stride));
+      const std::string limit =
+          "--standalone holds tables of fewer than 2^31 rows of fewer "
+          "than 2^31 floats; '";
+      return InvalidArgument(limit + spec.name + "' has " + std::to_string(spec.rows) +
+                             " rows of " + std::to_string(stride));
     }
     Param& p = params_.emplace_back();
     p.spec = spec;
@@ -208,6 +209,9 @@ Status StandaloneRun::BuildTables() {
   }
   for (Param& p : params_) grads_.push_back(p.grad.get());
   PS_ASSIGN_OR_RETURN(bad_gradient_, DeviceBuffer<int32_t>::Make(kernels_.get(), 1));
+  const int32_t no_bad_gradient = 0;
+  PS_RETURN_IF_ERROR(
+      kernels_->CopyToDevice(bad_gradient_.get(), &no_bad_gradient, sizeof(no_bad_gradient)));
   return RefreshValues();
 }
 
@@ -319,12 +323,12 @@ Status StandaloneRun::ComputeGradients(const Batch& batch, BatchResult* result) 
 // step read back from the kernels' memory; only a step that raised it looks for the value
 // to name, table by table, on the host.
 Status StandaloneRun::CheckGradientsOfStep() {
-  int32_t bad = 0;
-  PS_RETURN_IF_ERROR(kernels_->CopyToDevice(bad_gradient_.get(), &bad, sizeof(bad)));
+  // The flag was zeroed once (BuildTables): once raised, the run stops.
   for (const Param& p : params_) {
     PS_RETURN_IF_ERROR(kernels_->FlagOutOfRange(p.grad_floats(), p.grad.get(), kMaxAbsGradient,
                                                 bad_gradient_.get()));
   }
+  int32_t bad = 0;
   PS_RETURN_IF_ERROR(kernels_->CopyToHost(&bad, bad_gradient_.get(), sizeof(bad)));
   if (bad == 0) return Status::Ok();
   for (const Param& p : params_) {
