@@ -358,26 +358,6 @@ Result<std::vector<int>> ParseIntList(const std::string& flag, const std::string
   return out;
 }
 
-std::vector<TableSpec> MlpTables(const std::vector<int>& layers) {
-  std::vector<TableSpec> out;
-  for (size_t l = 0; l + 1 < layers.size(); ++l) {
-    TableSpec w;
-    w.name = "fc" + std::to_string(l) + ".weight";
-    w.rows = static_cast<uint64_t>(layers[l]);
-    w.width = static_cast<uint32_t>(layers[l + 1]);
-    w.init = InitKind::kNormal;
-    w.init_scale = static_cast<float>(std::sqrt(2.0 / layers[l]));  // He et al. 2015, for ReLU
-    TableSpec b;
-    b.name = "fc" + std::to_string(l) + ".bias";
-    b.rows = 1;
-    b.width = static_cast<uint32_t>(layers[l + 1]);
-    b.init = InitKind::kZeros;
-    out.push_back(w);
-    out.push_back(b);
-  }
-  return out;
-}
-
 const std::vector<std::string>& JobConfig::FlagNames() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> n;
@@ -417,7 +397,10 @@ Result<JobConfig> JobConfig::FromFlagMap(const std::map<std::string, std::string
     if (layers.size() < 2) {
       return BadValue("mlp_layers", c.mlp_layers, "at least two layer widths (input, output)");
     }
-    c.table_specs = MlpTables(layers);
+    // The MLP is the network MlpNetwork writes: the same tables as --model=network with it.
+    PS_ASSIGN_OR_RETURN(std::string mlp, MlpNetwork(layers));
+    PS_ASSIGN_OR_RETURN(NetworkSpec net, ParseNetwork(mlp));
+    c.table_specs = net.Tables();
   }
   if (c.model == "wide_deep" && c.train_data.empty()) {
     return BadValue("train_data", "",

@@ -249,9 +249,4 @@ Result<uint64_t> ParseByteSize(const std::string& flag, const std::string& value
 // Parses a comma-separated list of positive ints ("784,256,10").
 Result<std::vector<int>> ParseIntList(const std::string& flag, const std::string& value);
 
-// The tables of an MLP with these layer widths: for each layer l, "fc{l}.weight" with
-// layers[l] rows of layers[l+1] floats (He-normal initialized) and "fc{l}.bias" with one row
-// (zeros). The order matches MlpParamSizes() in worker/mlp.h.
-std::vector<TableSpec> MlpTables(const std::vector<int>& layers);
-
 }  // namespace ps

@@ -499,4 +499,36 @@ Status CheckNetworkForModel(const NetworkSpec& net, const std::string& model) {
   return Status::Ok();
 }
 
+Result<std::string> MlpNetwork(const std::vector<int>& widths) {
+  std::string list;
+  for (int w : widths) list += (list.empty() ? "" : ",") + std::to_string(w);
+  if (widths.size() < 2) {
+    return InvalidArgument("--mlp_layers: '" + list + "' has " + std::to_string(widths.size()) +
+                           " widths; expected at least two (inputs, classes), e.g. 784,256,10");
+  }
+  for (int w : widths) {
+    if (w < 1) {
+      return InvalidArgument("--mlp_layers: width " + std::to_string(w) + " in '" + list +
+                             "'; expected widths >= 1");
+    }
+  }
+  std::string net = "input:" + std::to_string(widths.front());
+  for (size_t l = 1; l < widths.size(); ++l) {
+    net += ",dense:" + std::to_string(widths[l]);
+    net += l + 1 < widths.size() ? ",relu" : ",softmax_ce";
+  }
+  return net;
+}
+
+Result<NetworkSpec> JobNetwork(const JobConfig& config) {
+  if (config.model == "network") return ParseNetwork(config.network);
+  if (config.model != "mlp") {
+    return InvalidArgument("the job's model '" + config.model +
+                           "' is not a network of dense layers: expected mlp or network");
+  }
+  PS_ASSIGN_OR_RETURN(std::vector<int> widths, ParseIntList("mlp_layers", config.mlp_layers));
+  PS_ASSIGN_OR_RETURN(std::string net, MlpNetwork(widths));
+  return ParseNetwork(net);
+}
+
 }  // namespace ps

@@ -110,4 +110,15 @@ const char* LayerKindName(LayerKind kind);
 // between concat and (optional) wide. InvalidArgument naming the layer otherwise.
 Status CheckNetworkForModel(const NetworkSpec& net, const std::string& model);
 
+// The --network that --model=mlp trains: --mlp_layers' widths, input first and classes last,
+// as dense layers with ReLU between them and softmax cross-entropy at the end. {784, 256,
+// 128, 10} -> "input:784,dense:256,relu,dense:128,relu,dense:10,softmax_ce", whose tables
+// are fc0.weight [784 x 256], fc0.bias [1 x 256], ... InvalidArgument naming --mlp_layers
+// for fewer than two widths or a width < 1.
+Result<std::string> MlpNetwork(const std::vector<int>& widths);
+
+// The parsed network of a job whose model is "mlp" (from --mlp_layers) or "network" (from
+// --network); InvalidArgument for another model or a bad list.
+Result<NetworkSpec> JobNetwork(const JobConfig& config);
+
 }  // namespace ps

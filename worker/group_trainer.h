@@ -32,7 +32,6 @@
 #include "common/status.h"
 #include "worker/group_comm.h"
 #include "worker/kv_client.h"
-#include "worker/mlp.h"
 #include "worker/model.h"
 
 namespace ps {

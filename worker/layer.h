@@ -63,6 +63,14 @@ class Layer {
                           const float* y, const float* dy, std::span<float* const> grads,
                           float* dx) = 0;
 
+  // Whether Forward accepts y == x and Backward dx == dy (same shape in and out): the
+  // network then runs the layer in place on the output of the layer before it, which saves
+  // a copy each way and a buffer. Only after a layer whose Backward does not read its y.
+  virtual bool RunsInPlace() const { return false; }
+  // Whether Backward reads y, this layer's own output: a layer running in place after it
+  // would have overwritten it.
+  virtual bool BackwardReadsOutput() const { return false; }
+
  protected:
   Kernels* kernels_ = nullptr;
 

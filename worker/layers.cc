@@ -46,16 +46,19 @@ class ReluLayer final : public Layer {
  public:
   using Layer::Layer;
 
+  bool RunsInPlace() const override { return true; }
+  bool BackwardReadsOutput() const override { return true; }  // the mask is y > 0
+
   Status Forward(const LayerBatch& b, std::span<const float* const>, const float* x,
                  float* y) override {
-    PS_RETURN_IF_ERROR(CopyActivations(kernels_, b.batch, spec().in, x, y));
+    if (x != y) PS_RETURN_IF_ERROR(CopyActivations(kernels_, b.batch, spec().in, x, y));
     return kernels_->Relu(Count(b.batch, spec().out), y);
   }
 
   Status Backward(const LayerBatch& b, std::span<const float* const>, const float*, const float* y,
                   const float* dy, std::span<float* const>, float* dx) override {
     if (dx == nullptr) return Status::Ok();
-    PS_RETURN_IF_ERROR(CopyActivations(kernels_, b.batch, spec().out, dy, dx));
+    if (dx != dy) PS_RETURN_IF_ERROR(CopyActivations(kernels_, b.batch, spec().out, dy, dx));
     return kernels_->ReluBackward(Count(b.batch, spec().out), y, dx);
   }
 };

@@ -42,14 +42,12 @@ json EvalJson(const BatchResult& r) {
           {"test_accuracy", static_cast<double>(r.correct) / n}};
 }
 
-// ---- dense models (the MLP, a --network): every table pulled whole each step ----
+// ---- dense models (a --network, the MLP): every table pulled whole each step ----
 
-// Net is Mlp or Network: ForwardBackward, Evaluate and max_batch with Mlp's contract. Its
-// parameter tensors are the first num_tables tables of the job.
-template <typename Net>
+// The network's parameter tensors are the first num_tables tables of the job.
 class DenseModel final : public TrainableModel {
  public:
-  DenseModel(const JobConfig& config, std::unique_ptr<Net> net, size_t num_tables,
+  DenseModel(const JobConfig& config, std::unique_ptr<Network> net, size_t num_tables,
              ImageDataset train, ImageDataset test)
       : config_(config), net_(std::move(net)), train_(std::move(train)), test_(std::move(test)) {
     for (size_t i = 0; i < num_tables; ++i) {
@@ -152,7 +150,7 @@ class DenseModel final : public TrainableModel {
   }
 
   const JobConfig& config_;
-  std::unique_ptr<Net> net_;
+  std::unique_ptr<Network> net_;
   ImageDataset train_, test_;
   size_t dim_ = 0;
   // Two parameter buffers: Compute reads params_[cur_] while a prefetch fills the other.
@@ -238,7 +236,7 @@ class SparseLrModel final : public TrainableModel {
   }
 
  private:
-  // MlpTables-like fixed ids: FromFlagMap puts lr.weight and lr.bias first.
+  // Fixed ids: FromFlagMap puts lr.weight and lr.bias first.
   static constexpr uint32_t kWeights = 0;
   static constexpr uint32_t kBias = 1;
 
@@ -381,35 +379,10 @@ Result<std::unique_ptr<TrainableModel>> MakeWideDeepModel(const JobConfig& confi
       new WideDeepModel(std::move(net), std::move(train), std::move(test)));
 }
 
-Result<std::unique_ptr<TrainableModel>> MakeMlpModel(const JobConfig& config, Kernels* kernels,
-                                                     int max_batch, ImageDataset train,
-                                                     ImageDataset test) {
-  if (config.model != "mlp") return InvalidArgument("the job's model is not mlp");
-  PS_ASSIGN_OR_RETURN(std::vector<int> layers, ParseIntList("mlp_layers", config.mlp_layers));
-  MlpShape shape{layers};
-  std::vector<size_t> sizes = MlpParamSizes(shape);
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    const TableSpec& t = config.table_specs[i];
-    if (sizes[i] != t.rows * t.width) {
-      return Internal("table '" + t.name + "' does not match the MLP's parameter " +
-                      std::to_string(i));
-    }
-  }
-  if (static_cast<int64_t>(train.rows) * train.cols != layers.front()) {
-    return InvalidArgument("the data has " + std::to_string(train.rows * train.cols) +
-                           " inputs per example but --mlp_layers starts with " +
-                           std::to_string(layers.front()));
-  }
-  PS_ASSIGN_OR_RETURN(std::unique_ptr<Mlp> mlp, Mlp::Create(shape, kernels, max_batch));
-  return std::unique_ptr<TrainableModel>(
-      new DenseModel<Mlp>(config, std::move(mlp), sizes.size(), std::move(train), std::move(test)));
-}
-
 Result<std::unique_ptr<TrainableModel>> MakeNetworkModel(const JobConfig& config, Kernels* kernels,
                                                          int max_batch, ImageDataset train,
                                                          ImageDataset test) {
-  if (config.model != "network") return InvalidArgument("the job's model is not network");
-  PS_ASSIGN_OR_RETURN(NetworkSpec spec, ParseNetwork(config.network));
+  PS_ASSIGN_OR_RETURN(NetworkSpec spec, JobNetwork(config));
   const std::vector<TableSpec> tables = spec.Tables();
   for (size_t i = 0; i < tables.size(); ++i) {
     if (i >= config.table_specs.size() || config.table_specs[i].name != tables[i].name ||
@@ -421,25 +394,21 @@ Result<std::unique_ptr<TrainableModel>> MakeNetworkModel(const JobConfig& config
   }
   const int64_t inputs = static_cast<int64_t>(train.rows) * train.cols;
   if (inputs != spec.input.size()) {
-    return InvalidArgument("the data has " + std::to_string(inputs) + " inputs per example (" +
-                           std::to_string(train.rows) + "x" + std::to_string(train.cols) +
-                           ") but --network's input is " + spec.input.ToString());
+    return InvalidArgument(
+        "the data has " + std::to_string(inputs) + " inputs per example (" +
+        std::to_string(train.rows) + "x" + std::to_string(train.cols) + ") but " +
+        (config.model == "mlp" ? "--mlp_layers starts with " : "--network's input is ") +
+        spec.input.ToString());
   }
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Network> net,
                       Network::Create(spec, kernels, max_batch, config.seed));
-  return std::unique_ptr<TrainableModel>(new DenseModel<Network>(
-      config, std::move(net), tables.size(), std::move(train), std::move(test)));
+  return std::unique_ptr<TrainableModel>(
+      new DenseModel(config, std::move(net), tables.size(), std::move(train), std::move(test)));
 }
 
 Result<std::unique_ptr<TrainableModel>> LoadModel(const JobConfig& config, Kernels* kernels,
                                                   int max_batch) {
-  if (config.model == "mlp") {
-    LOG(INFO) << "loading " << config.data_dir;
-    PS_ASSIGN_OR_RETURN(ImageDataset train, LoadIdxDatasetCached(config.data_dir, "train"));
-    PS_ASSIGN_OR_RETURN(ImageDataset test, LoadIdxDatasetCached(config.data_dir, "t10k"));
-    return MakeMlpModel(config, kernels, max_batch, std::move(train), std::move(test));
-  }
-  if (config.model == "network") {
+  if (config.model == "mlp" || config.model == "network") {
     LOG(INFO) << "loading " << config.data_dir;
     PS_ASSIGN_OR_RETURN(ImageDataset train, LoadIdxDatasetCached(config.data_dir, "train"));
     PS_ASSIGN_OR_RETURN(ImageDataset test, LoadIdxDatasetCached(config.data_dir, "t10k"));

@@ -2,10 +2,10 @@
 // behind the four things a step does (pull, compute, push) plus evaluation. The loop knows
 // nothing of layers or features; a model knows nothing of leases, clocks or reports.
 //
-//   MLP (--model=mlp): dense tables fcL.weight / fcL.bias, pulled whole every step; IDX
-//     image data (Fashion-MNIST).
 //   Network (--model=network): the layers of --network (worker/network.h), dense tables
-//     convN.* / fcN.* pulled whole every step, like the MLP; IDX image data.
+//     convN.* / fcN.* pulled whole every step; IDX image data (Fashion-MNIST).
+//   MLP (--model=mlp): the network of --mlp_layers (MlpNetwork, common/network_config.h):
+//     dense tables fcL.weight / fcL.bias, run as above.
 //   Sparse logistic regression (--model=sparse_lr): a sparse table `lr.weight` of width 1
 //     keyed by feature id, and a one-row `lr.bias`; each step pulls only the features its
 //     batch touches. LIBSVM data.
@@ -26,10 +26,10 @@
 #include "common/job_config.h"
 #include "common/status.h"
 #include "kernels/kernels.h"
+#include "worker/batch_result.h"
 #include "worker/ctr_data.h"
 #include "worker/idx_reader.h"
 #include "worker/kv_client.h"
-#include "worker/mlp.h"
 
 namespace ps {
 
@@ -72,13 +72,8 @@ class TrainableModel {
   virtual std::vector<std::span<float>> DenseGrads() { return {}; }
 };
 
-// The MLP of config.mlp_layers on these data sets.
-Result<std::unique_ptr<TrainableModel>> MakeMlpModel(const JobConfig& config, Kernels* kernels,
-                                                     int max_batch, ImageDataset train,
-                                                     ImageDataset test);
-
-// The network of config.network (--model=network) on these data sets; its input shape must
-// hold the images' pixels (e.g. input:1x28x28 for 28x28 images).
+// The network of the job (JobNetwork: --network, or the MLP of --mlp_layers) on these data
+// sets; its input shape must hold the images' pixels (e.g. input:1x28x28 for 28x28 images).
 Result<std::unique_ptr<TrainableModel>> MakeNetworkModel(const JobConfig& config, Kernels* kernels,
                                                          int max_batch, ImageDataset train,
                                                          ImageDataset test);

@@ -14,6 +14,19 @@ std::span<T const> Slice(const std::vector<T>& v, size_t first, size_t n) {
 
 }  // namespace
 
+Status ZeroTensors(Kernels& kernels, TensorHome home, const std::vector<float*>& tensors,
+                   const std::vector<size_t>& sizes) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (home == TensorHome::kKernels && kernels.IsCuda()) {
+      const std::vector<float> zeros(sizes[i], 0.0f);
+      PS_RETURN_IF_ERROR(kernels.CopyToDevice(tensors[i], zeros.data(), sizes[i] * sizeof(float)));
+    } else {
+      std::fill(tensors[i], tensors[i] + sizes[i], 0.0f);
+    }
+  }
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<Network>> Network::Create(const NetworkSpec& spec, Kernels* kernels,
                                                  int max_batch, uint64_t seed) {
   if (kernels == nullptr) return InvalidArgument("Network: kernels is null");
@@ -45,11 +58,19 @@ Status Network::Allocate() {
     layers_.push_back(std::move(layer));
     first_table_.push_back(param_sizes_.size());
     for (const TableSpec& t : s.tables) param_sizes_.push_back(t.rows * t.width);
+    const size_t l = layers_.size() - 1;
+    if (l > 0 && layers_[l]->RunsInPlace() && !layers_[l - 1]->BackwardReadsOutput() &&
+        s.in.size() == s.out.size()) {
+      act_.push_back(act_[l - 1]);
+      dact_.push_back(dact_[l - 1]);
+      continue;
+    }
     const size_t out = batch * static_cast<size_t>(s.out.size());
-    PS_ASSIGN_OR_RETURN(DeviceBuffer<float> a, DeviceBuffer<float>::Make(kernels_, out));
-    PS_ASSIGN_OR_RETURN(DeviceBuffer<float> d, DeviceBuffer<float>::Make(kernels_, out));
-    act_.push_back(std::move(a));
-    dact_.push_back(std::move(d));
+    for (std::vector<float*>* view : {&act_, &dact_}) {
+      PS_ASSIGN_OR_RETURN(DeviceBuffer<float> b, DeviceBuffer<float>::Make(kernels_, out));
+      view->push_back(b.get());
+      buffers_.push_back(std::move(b));
+    }
   }
   params_.assign(param_sizes_.size(), nullptr);
   if (on_device_) {
@@ -124,13 +145,12 @@ Status Network::Forward(const LayerBatch& b, const float* x, const int32_t* y, f
   for (size_t l = 0; l < layers_.size(); ++l) {
     const std::span<const float* const> p =
         Slice(params_, first_table_[l], spec_.layers[l].tables.size());
-    PS_RETURN_IF_ERROR(layers_[l]
-                           ->Forward(b, p, in, act_[l].get())
-                           .WithContext("layer " + std::to_string(spec_.layers[l].index) + " (" +
-                                        spec_.layers[l].text + ")"));
-    in = act_[l].get();
+    // The context is built only for an error: this runs every step.
+    const Status s = layers_[l]->Forward(b, p, in, act_[l]);
+    if (!s.ok()) return s.WithContext(LayerContext(l));
+    in = act_[l];
   }
-  float* grad = want_grad ? dact_.back().get() : nullptr;
+  float* grad = want_grad ? dact_.back() : nullptr;
   if (spec_.loss == LossKind::kSoftmaxCe) {
     return kernels_->SoftmaxCrossEntropy(b.batch, spec_.classes, in, y, grad_scale, grad, loss_sum,
                                          correct);
@@ -143,14 +163,16 @@ Status Network::Backward(const LayerBatch& b, const float* x, const std::vector<
     const size_t n = spec_.layers[l].tables.size();
     const std::span<const float* const> p = Slice(params_, first_table_[l], n);
     const std::span<float* const> g = Slice(grads, first_table_[l], n);
-    const float* in = l == 0 ? x : act_[l - 1].get();
-    float* dx = l == 0 ? nullptr : dact_[l - 1].get();
-    PS_RETURN_IF_ERROR(layers_[l]
-                           ->Backward(b, p, in, act_[l].get(), dact_[l].get(), g, dx)
-                           .WithContext("layer " + std::to_string(spec_.layers[l].index) + " (" +
-                                        spec_.layers[l].text + ") backward"));
+    const float* in = l == 0 ? x : act_[l - 1];
+    float* dx = l == 0 ? nullptr : dact_[l - 1];
+    const Status s = layers_[l]->Backward(b, p, in, act_[l], dact_[l], g, dx);
+    if (!s.ok()) return s.WithContext(LayerContext(l) + " backward");
   }
   return Status::Ok();
+}
+
+std::string Network::LayerContext(size_t l) const {
+  return "layer " + std::to_string(spec_.layers[l].index) + " (" + spec_.layers[l].text + ")";
 }
 
 Status Network::ForwardBackward(const float* x, const int32_t* y, int batch,

@@ -1,8 +1,8 @@
 // A network of layers (worker/layer.h) built from a parsed --network (common/network_config.h):
 // runs them in order, then the loss, and back. The parameters live on the parameter server;
 // the network holds each layer's output and its gradient for one batch, sized once for the
-// largest batch. Same contract as Mlp (worker/mlp.h), so that the training loop's dense
-// model drives either.
+// largest batch. The MLP of --model=mlp is one such network (MlpNetwork in
+// common/network_config.h).
 //
 // Thread safety: a Network is used by one thread at a time, like the Kernels it borrows.
 #pragma once
@@ -10,15 +10,31 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/network_config.h"
 #include "common/status.h"
 #include "kernels/kernels.h"
+#include "worker/batch_result.h"
 #include "worker/layer.h"
-#include "worker/mlp.h"  // BatchResult, TensorHome
 
 namespace ps {
+
+// Where the parameter and gradient tensors a network is given live.
+enum class TensorHome {
+  // Host buffers: on CUDA the network copies the parameters in and the gradients out each
+  // call (the worker of a job, whose parameters come from and go to the servers).
+  kHost,
+  // The kernels' memory space already (device memory on CUDA; host memory on the CPU,
+  // where the two homes are the same): only the batch is copied. For a model kept on the
+  // device (ps_worker --standalone, worker/standalone.h).
+  kKernels,
+};
+
+// Zeroes tensors[i] (sizes[i] floats) in `home`: the gradient of a mean over no examples.
+Status ZeroTensors(Kernels& kernels, TensorHome home, const std::vector<float*>& tensors,
+                   const std::vector<size_t>& sizes);
 
 class Network {
  public:
@@ -37,7 +53,7 @@ class Network {
 
   // x: host, batch x spec.input.size() floats; y: host, batch int32 labels (in
   // [0, classes) for softmax_ce, 0 or 1 for sigmoid_ce). params[i] / grads[i]: buffers
-  // of ParamSizes()[i] floats in `home` (worker/mlp.h). Writes the gradient of the MEAN loss into
+  // of ParamSizes()[i] floats in `home`. Writes the gradient of the MEAN loss into
   // grads and adds the batch's loss sum, correct count and size to *result (may be null). batch 0
   // zeroes grads. InvalidArgument for batch < 0 or > max_batch, a label out of range, a null
   // pointer or a wrong number of tensors.
@@ -64,6 +80,8 @@ class Network {
   Status Forward(const LayerBatch& b, const float* x, const int32_t* y, float grad_scale,
                  bool want_grad, double* loss_sum, int64_t* correct);
   Status Backward(const LayerBatch& b, const float* x, const std::vector<float*>& grads);
+  // "layer I (TEXT)" for an error of layer l.
+  std::string LayerContext(size_t l) const;
 
   const NetworkSpec spec_;
   Kernels* const kernels_;
@@ -76,8 +94,10 @@ class Network {
   std::vector<size_t> first_table_;  // per layer, the index of its first parameter tensor
   std::vector<size_t> param_sizes_;
   std::vector<const float*> params_;  // what the kernels read: device copies on CUDA
-  // Per layer, its output and the gradient of the loss with respect to it.
-  std::vector<DeviceBuffer<float>> act_, dact_;
+  // Per layer, its output and the gradient of the loss with respect to it: views into
+  // buffers_, the same as the layer before's for a layer that runs in place (ReLU).
+  std::vector<float*> act_, dact_;
+  std::vector<DeviceBuffer<float>> buffers_;
   // CUDA only: inputs, labels, parameters and gradients on the device.
   DeviceBuffer<float> x_dev_;
   DeviceBuffer<int32_t> y_dev_;

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "common/status.h"
+#include "worker/batch_result.h"
 #include "worker/libsvm_reader.h"
-#include "worker/mlp.h"  // BatchResult
 
 namespace ps {
 

@@ -20,7 +20,6 @@
 #include "common/run_summary.h"
 #include "kernels/kernels.h"
 #include "worker/idx_reader.h"
-#include "worker/mlp.h"
 #include "worker/network.h"
 #include "worker/trainer.h"
 
@@ -93,7 +92,7 @@ class StandaloneRun {
   // Creates the run directory and metrics log, loads the data, builds the model and the
   // tables with their initial rows.
   Status Open();
-  Status CreateModel();  // mlp_ or net_, for the data loaded
+  Status CreateModel();  // net_, for the data loaded
   // Every epoch, each followed by an evaluation; the first error stops it.
   Status Train();
   // summary.json (and *summary_out, may be null) for a run that ended with `outcome`.
@@ -120,8 +119,7 @@ class StandaloneRun {
   ImageDataset train_;
   ImageDataset test_;
   size_t dim_ = 0;  // floats per example
-  // The model: the MLP, or the --network (--model=network).
-  std::unique_ptr<Mlp> mlp_;
+  // The model: the --network, or the MLP's (--model=mlp).
   std::unique_ptr<Network> net_;
   UpdateRule rule_;
   std::optional<LrPolicy> lr_policy_;
@@ -155,24 +153,15 @@ Status StandaloneRun::Open() {
 }
 
 Status StandaloneRun::CreateModel() {
-  if (config_.model == "network") {
-    PS_ASSIGN_OR_RETURN(NetworkSpec spec, ParseNetwork(config_.network));
-    if (static_cast<int64_t>(dim_) != spec.input.size()) {
-      return InvalidArgument("the data has " + std::to_string(dim_) +
-                             " inputs per example but --network's input is " +
-                             spec.input.ToString());
-    }
-    PS_ASSIGN_OR_RETURN(net_,
-                        Network::Create(spec, kernels_.get(), config_.batch_size, config_.seed));
-    return Status::Ok();
+  PS_ASSIGN_OR_RETURN(NetworkSpec spec, JobNetwork(config_));
+  if (static_cast<int64_t>(dim_) != spec.input.size()) {
+    return InvalidArgument(
+        "the data has " + std::to_string(dim_) + " inputs per example but " +
+        (config_.model == "mlp" ? "--mlp_layers starts with " : "--network's input is ") +
+        spec.input.ToString());
   }
-  PS_ASSIGN_OR_RETURN(std::vector<int> layers, ParseIntList("mlp_layers", config_.mlp_layers));
-  if (static_cast<int64_t>(dim_) != layers.front()) {
-    return InvalidArgument("the data has " + std::to_string(dim_) +
-                           " inputs per example but --mlp_layers starts with " +
-                           std::to_string(layers.front()));
-  }
-  PS_ASSIGN_OR_RETURN(mlp_, Mlp::Create(MlpShape{layers}, kernels_.get(), config_.batch_size));
+  PS_ASSIGN_OR_RETURN(net_,
+                      Network::Create(spec, kernels_.get(), config_.batch_size, config_.seed));
   return Status::Ok();
 }
 
@@ -307,10 +296,8 @@ Status StandaloneRun::Step(const Batch& batch, BatchResult* result) {
 // The batch's mean gradient, scaled as a worker scales a short batch's.
 Status StandaloneRun::ComputeGradients(const Batch& batch, BatchResult* result) {
   const int n = static_cast<int>(batch.n);
-  PS_RETURN_IF_ERROR(net_ ? net_->ForwardBackward(x_.data(), y_.data(), n, Values(), grads_, result,
-                                                  TensorHome::kKernels)
-                          : mlp_->ForwardBackward(x_.data(), y_.data(), n, Values(), grads_, result,
-                                                  TensorHome::kKernels));
+  PS_RETURN_IF_ERROR(net_->ForwardBackward(x_.data(), y_.data(), n, Values(), grads_, result,
+                                           TensorHome::kKernels));
   const float scale = static_cast<float>(batch.n) / static_cast<float>(config_.batch_size);
   if (scale != 1.0f) {
     for (Param& p : params_)
@@ -359,10 +346,8 @@ Status StandaloneRun::ApplyUpdate() {
 Status StandaloneRun::Evaluate(int epoch, bool final_eval) {
   BatchResult r;
   const int n_test = static_cast<int>(test_.count);
-  PS_RETURN_IF_ERROR(net_ ? net_->Evaluate(test_.pixels.data(), test_.labels.data(), n_test,
-                                           Values(), &r, TensorHome::kKernels)
-                          : mlp_->Evaluate(test_.pixels.data(), test_.labels.data(), n_test,
-                                           Values(), &r, TensorHome::kKernels));
+  PS_RETURN_IF_ERROR(net_->Evaluate(test_.pixels.data(), test_.labels.data(), n_test, Values(), &r,
+                                    TensorHome::kKernels));
   const double n = static_cast<double>(std::max<int64_t>(1, r.examples));
   EvalLine eval;
   eval.worker = 0;

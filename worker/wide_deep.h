@@ -25,9 +25,9 @@
 #include "common/network_config.h"
 #include "common/status.h"
 #include "kernels/kernels.h"
+#include "worker/batch_result.h"
 #include "worker/ctr_data.h"
 #include "worker/layer.h"
-#include "worker/mlp.h"  // BatchResult
 
 namespace ps {
 

@@ -1,5 +1,6 @@
-// ps_mlp_bench: the time of one worker step's compute, Mlp::ForwardBackward (worker/mlp.h),
-// on the CPU and on cuda:0, for the job's default MLP (--mlp_layers=784,256,128,10) at
+// ps_mlp_bench: the time of one worker step's compute, Network::ForwardBackward
+// (worker/network.h), on the CPU and on cuda:0, for the job's default MLP
+// (--mlp_layers=784,256,128,10, the network MlpNetwork writes) at
 // batch sizes around the default 64. Host buffers in and out, as the worker calls it.
 //   build/bin/ps_mlp_bench [--benchmark_filter=cpu]
 // CUDA cases are skipped with an error line where the build or the machine has no GPU.
@@ -11,9 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "common/network_config.h"
 #include "kernels/blas_core.h"
 #include "kernels/kernels.h"
-#include "worker/mlp.h"
+#include "worker/network.h"
 
 namespace ps {
 namespace {
@@ -23,9 +25,10 @@ void BM_MlpStep(benchmark::State& state, const std::string& device) {
   if (device == "cuda" && CudaDeviceCount() == 0) return state.SkipWithError("no CUDA device");
   Result<std::unique_ptr<Kernels>> kernels = MakeKernels(device);
   if (!kernels.ok()) return state.SkipWithError(kernels.status().ToString().c_str());
-  const MlpShape shape{{784, 256, 128, 10}};
+  Result<NetworkSpec> spec = ParseNetwork(MlpNetwork({784, 256, 128, 10}).value());
+  if (!spec.ok()) return state.SkipWithError(spec.status().ToString().c_str());
   const int batch = static_cast<int>(state.range(0));
-  Result<std::unique_ptr<Mlp>> mlp = Mlp::Create(shape, kernels->get(), batch);
+  Result<std::unique_ptr<Network>> mlp = Network::Create(*spec, kernels->get(), batch);
   if (!mlp.ok()) return state.SkipWithError(mlp.status().ToString().c_str());
 
   std::mt19937 rng(1);
@@ -34,7 +37,7 @@ void BM_MlpStep(benchmark::State& state, const std::string& device) {
   std::vector<std::vector<float>> params, grads;
   std::vector<const float*> p;
   std::vector<float*> g;
-  for (size_t n : MlpParamSizes(shape)) {
+  for (size_t n : (*mlp)->ParamSizes()) {
     params.emplace_back(n);
     for (float& v : params.back()) v = normal(rng);
     grads.emplace_back(n);

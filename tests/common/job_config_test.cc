@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 namespace ps {
 namespace {
 
@@ -15,6 +17,10 @@ TEST(JobConfigTest, DefaultsMakeTheMlpTables) {
   EXPECT_EQ(c->table_specs[1].name, "fc0.bias");
   EXPECT_EQ(c->table_specs[1].rows, 1u);
   EXPECT_EQ(c->table_specs[5].width, 10u);
+  // He-normal weights for the ReLU after them, zero biases (the servers initialize them so).
+  EXPECT_EQ(c->table_specs[0].init, InitKind::kNormal);
+  EXPECT_FLOAT_EQ(c->table_specs[0].init_scale, std::sqrt(2.0f / 784));
+  EXPECT_EQ(c->table_specs[1].init, InitKind::kZeros);
   for (size_t i = 0; i < c->table_specs.size(); ++i) EXPECT_EQ(c->table_specs[i].id, i);
 }
 

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "common/job_config.h"
@@ -63,20 +64,66 @@ TEST(NetworkConfigTest, StrideAndPaddingShapeTheOutput) {
   EXPECT_EQ(r->classes, 1);
 }
 
-TEST(NetworkConfigTest, ADenseNetworkHasTheMlpsTables) {
-  Result<NetworkSpec> r =
-      ParseNetwork("input:784,dense:256,relu,dense:128,relu,dense:10,softmax_ce");
+// --model=mlp is the network MlpNetwork writes: dense layers, ReLU between them, softmax
+// cross-entropy last; tables fcL.weight (He-normal for the ReLU after it) and fcL.bias (zeros).
+TEST(NetworkConfigTest, TheMlpIsANetworkOfDenseLayers) {
+  Result<std::string> text = MlpNetwork({784, 256, 128, 10});
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  EXPECT_EQ(*text, "input:784,dense:256,relu,dense:128,relu,dense:10,softmax_ce");
+  EXPECT_EQ(MlpNetwork({5, 3}).value(), "input:5,dense:3,softmax_ce");
+  Result<NetworkSpec> r = ParseNetwork(*text);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
-  const std::vector<TableSpec> net = r->Tables();
-  const std::vector<TableSpec> mlp = MlpTables({784, 256, 128, 10});
-  ASSERT_EQ(net.size(), mlp.size());
-  for (size_t i = 0; i < net.size(); ++i) {
-    EXPECT_EQ(net[i].name, mlp[i].name);
-    EXPECT_EQ(net[i].rows, mlp[i].rows);
-    EXPECT_EQ(net[i].width, mlp[i].width);
-    EXPECT_EQ(net[i].init, mlp[i].init);
-    EXPECT_FLOAT_EQ(net[i].init_scale, mlp[i].init_scale);
+  EXPECT_EQ(r->classes, 10);
+  const std::vector<TableSpec> t = r->Tables();
+  const int widths[] = {784, 256, 128, 10};
+  ASSERT_EQ(t.size(), 6u);
+  for (size_t l = 0; l < 3; ++l) {
+    const TableSpec& w = t[2 * l];
+    const TableSpec& b = t[2 * l + 1];
+    EXPECT_EQ(w.name, "fc" + std::to_string(l) + ".weight");
+    EXPECT_EQ(w.rows, static_cast<uint64_t>(widths[l]));
+    EXPECT_EQ(w.width, static_cast<uint32_t>(widths[l + 1]));
+    EXPECT_EQ(w.init, InitKind::kNormal);
+    EXPECT_FLOAT_EQ(w.init_scale, std::sqrt(2.0f / widths[l]));
+    EXPECT_EQ(b.name, "fc" + std::to_string(l) + ".bias");
+    EXPECT_EQ(b.rows, 1u);
+    EXPECT_EQ(b.width, static_cast<uint32_t>(widths[l + 1]));
+    EXPECT_EQ(b.init, InitKind::kZeros);
   }
+}
+
+TEST(NetworkConfigTest, AnMlpOfTooFewOrEmptyLayersIsRefusedNamingTheWidths) {
+  Result<std::string> one = MlpNetwork({784});
+  ASSERT_FALSE(one.ok());
+  EXPECT_EQ(one.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(one.status().message().find("--mlp_layers: '784' has 1 widths"), std::string::npos)
+      << one.status().message();
+  EXPECT_FALSE(MlpNetwork({}).ok());
+  Result<std::string> zero = MlpNetwork({784, 0, 10});
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("width 0 in '784,0,10'"), std::string::npos)
+      << zero.status().message();
+}
+
+// A job's network: --network for --model=network, the MLP of --mlp_layers for --model=mlp.
+TEST(NetworkConfigTest, AJobsNetworkComesFromItsModel) {
+  JobConfig c;
+  c.model = "mlp";
+  c.mlp_layers = "6,4,3";
+  Result<NetworkSpec> mlp = JobNetwork(c);
+  ASSERT_TRUE(mlp.ok()) << mlp.status().ToString();
+  ASSERT_EQ(mlp->layers.size(), 3u);  // dense, relu, dense
+  EXPECT_EQ(mlp->input.size(), 6);
+  EXPECT_EQ(mlp->classes, 3);
+  c.model = "network";
+  c.network = "input:1x4x4,flatten,dense:2,softmax_ce";
+  Result<NetworkSpec> net = JobNetwork(c);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  EXPECT_EQ(net->input, (ActShape{1, 4, 4}));
+  c.model = "sparse_lr";
+  Result<NetworkSpec> lr = JobNetwork(c);
+  ASSERT_FALSE(lr.ok());
+  EXPECT_NE(lr.status().message().find("'sparse_lr'"), std::string::npos) << lr.status().message();
 }
 
 TEST(NetworkConfigTest, AnUnknownKindIsNamedWithItsPosition) {

@@ -1,8 +1,6 @@
-// The MLP against a double-precision reference: loss and finite-difference gradients,
-// a few SGD steps on a separable toy problem, and bad input. Runs on the CPU, and on the
-// first GPU where one is visible.
-#include "worker/mlp.h"
-
+// The MLP (--model=mlp: the Network of MlpNetwork's layers) against a double-precision
+// reference: loss and finite-difference gradients, a few SGD steps on a separable toy
+// problem, and bad input. Runs on the CPU, and on the first GPU where one is visible.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,10 +9,27 @@
 #include <string>
 #include <vector>
 
+#include "common/network_config.h"
 #include "kernels/kernels.h"
+#include "worker/network.h"
 
 namespace ps {
 namespace {
+
+// --mlp_layers: widths, input first and classes last.
+using Widths = std::vector<int>;
+
+// Float counts of the tables: W0 [w0 x w1], b0 [w1], W1, b1, ...
+std::vector<size_t> ParamSizes(const Widths& w) {
+  std::vector<size_t> sizes;
+  for (size_t l = 0; l + 1 < w.size(); ++l) {
+    sizes.push_back(static_cast<size_t>(w[l]) * static_cast<size_t>(w[l + 1]));
+    sizes.push_back(static_cast<size_t>(w[l + 1]));
+  }
+  return sizes;
+}
+
+NetworkSpec MlpSpec(const Widths& w) { return ParseNetwork(MlpNetwork(w).value()).value(); }
 
 // Parameters as the server would hold them: one vector per tensor.
 struct Params {
@@ -31,12 +46,12 @@ struct Params {
   }
 };
 
-Params MakeParams(const MlpShape& shape, std::mt19937& rng, bool zero = false) {
+Params MakeParams(const Widths& shape, std::mt19937& rng, bool zero = false) {
   Params p;
-  const std::vector<size_t> sizes = MlpParamSizes(shape);
+  const std::vector<size_t> sizes = ParamSizes(shape);
   for (size_t i = 0; i < sizes.size(); ++i) {
     // He initialization for weights, small values for biases.
-    const float fan_in = static_cast<float>(shape.layers[i / 2]);
+    const float fan_in = static_cast<float>(shape[i / 2]);
     std::normal_distribution<float> dist(0.0f, i % 2 == 0 ? std::sqrt(2.0f / fan_in) : 0.1f);
     std::vector<float> t(sizes[i]);
     for (float& v : t) v = zero ? 0.0f : dist(rng);
@@ -47,9 +62,9 @@ Params MakeParams(const MlpShape& shape, std::mt19937& rng, bool zero = false) {
 
 // Mean cross-entropy of the MLP in double, from float inputs and parameters given as
 // doubles (so that finite differences see no float rounding).
-double ReferenceMeanLoss(const MlpShape& shape, const std::vector<std::vector<double>>& params,
+double ReferenceMeanLoss(const Widths& shape, const std::vector<std::vector<double>>& params,
                          const std::vector<float>& x, const std::vector<int32_t>& y, int batch) {
-  const std::vector<int>& w = shape.layers;
+  const std::vector<int>& w = shape;
   const int layers = static_cast<int>(w.size()) - 1;
   double total = 0;
   for (int n = 0; n < batch; ++n) {
@@ -87,8 +102,8 @@ class MlpTest : public ::testing::TestWithParam<std::string> {
     ASSERT_TRUE(k.ok()) << k.status().ToString();
     kernels_ = std::move(k).value();
   }
-  std::unique_ptr<Mlp> MakeMlp(const MlpShape& shape, int max_batch) {
-    Result<std::unique_ptr<Mlp>> m = Mlp::Create(shape, kernels_.get(), max_batch);
+  std::unique_ptr<Network> MakeMlp(const Widths& shape, int max_batch) {
+    Result<std::unique_ptr<Network>> m = Network::Create(MlpSpec(shape), kernels_.get(), max_batch);
     EXPECT_TRUE(m.ok()) << m.status().ToString();
     return m.ok() ? std::move(m).value() : nullptr;
   }
@@ -96,37 +111,33 @@ class MlpTest : public ::testing::TestWithParam<std::string> {
   std::mt19937 rng_{2024};
 };
 
-TEST(MlpParamSizesTest, Layout) {
-  EXPECT_EQ(MlpParamSizes({{784, 256, 128, 10}}),
-            (std::vector<size_t>{784 * 256, 256, 256 * 128, 128, 128 * 10, 10}));
-  EXPECT_EQ(MlpParamSizes({{5, 3}}), (std::vector<size_t>{15, 3}));
-  EXPECT_TRUE(MlpParamSizes({{5}}).empty());
+TEST_P(MlpTest, TablesAreTheWeightAndBiasOfEachDenseLayer) {
+  std::unique_ptr<Network> mlp = MakeMlp({784, 256, 128, 10}, 8);
+  ASSERT_NE(mlp, nullptr);
+  EXPECT_EQ(mlp->ParamSizes(), (std::vector<size_t>{784 * 256, 256, 256 * 128, 128, 128 * 10, 10}));
+  EXPECT_EQ(MakeMlp({5, 3}, 8)->ParamSizes(), (std::vector<size_t>{15, 3}));
 }
 
-TEST_P(MlpTest, CreateRejectsBadShapes) {
-  for (const MlpShape& bad :
-       {MlpShape{{}}, MlpShape{{5}}, MlpShape{{5, 0, 3}}, MlpShape{{-1, 3}}}) {
-    Result<std::unique_ptr<Mlp>> m = Mlp::Create(bad, kernels_.get(), 8);
-    ASSERT_FALSE(m.ok());
-    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
-  }
-  EXPECT_EQ(Mlp::Create({{5, 3}}, kernels_.get(), 0).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(Mlp::Create({{5, 3}}, nullptr, 8).status().code(), StatusCode::kInvalidArgument);
+TEST_P(MlpTest, CreateRejectsABadBatchOrNoKernels) {
+  EXPECT_EQ(Network::Create(MlpSpec({5, 3}), kernels_.get(), 0).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Network::Create(MlpSpec({5, 3}), nullptr, 8).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST_P(MlpTest, GradientsMatchFiniteDifferences) {
-  for (const MlpShape& shape : {MlpShape{{5, 7, 3}}, MlpShape{{6, 8, 5, 4}}, MlpShape{{3, 4}}}) {
-    SCOPED_TRACE(::testing::PrintToString(shape.layers));
+  for (const Widths& shape : {Widths{5, 7, 3}, Widths{6, 8, 5, 4}, Widths{3, 4}}) {
+    SCOPED_TRACE(::testing::PrintToString(shape));
     const int batch = 4;
-    std::unique_ptr<Mlp> mlp = MakeMlp(shape, 8);
+    std::unique_ptr<Network> mlp = MakeMlp(shape, 8);
     ASSERT_NE(mlp, nullptr);
     Params params = MakeParams(shape, rng_);
     Params grads = MakeParams(shape, rng_);  // garbage: must be overwritten
     std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> x(static_cast<size_t>(batch) * shape.layers[0]);
+    std::vector<float> x(static_cast<size_t>(batch) * shape[0]);
     for (float& v : x) v = normal(rng_);
     std::vector<int32_t> y(batch);
-    for (int i = 0; i < batch; ++i) y[i] = i % shape.layers.back();
+    for (int i = 0; i < batch; ++i) y[i] = i % shape.back();
 
     BatchResult result;
     ASSERT_TRUE(
@@ -160,7 +171,7 @@ TEST_P(MlpTest, GradientsMatchFiniteDifferences) {
 
 TEST_P(MlpTest, SgdReducesLossOnSeparableData) {
   // Three well-separated Gaussian blobs in 2-D.
-  const MlpShape shape{{2, 16, 3}};
+  const Widths shape{2, 16, 3};
   const int n = 300, batch = 30;
   const float centers[3][2] = {{-2, -2}, {2, -2}, {0, 2}};
   std::normal_distribution<float> noise(0.0f, 0.4f);
@@ -171,7 +182,7 @@ TEST_P(MlpTest, SgdReducesLossOnSeparableData) {
     x[2 * i] = centers[y[i]][0] + noise(rng_);
     x[2 * i + 1] = centers[y[i]][1] + noise(rng_);
   }
-  std::unique_ptr<Mlp> mlp = MakeMlp(shape, batch);
+  std::unique_ptr<Network> mlp = MakeMlp(shape, batch);
   ASSERT_NE(mlp, nullptr);
   Params params = MakeParams(shape, rng_);
   Params grads = MakeParams(shape, rng_, /*zero=*/true);
@@ -198,9 +209,9 @@ TEST_P(MlpTest, SgdReducesLossOnSeparableData) {
 }
 
 TEST_P(MlpTest, EvaluateSlicesLargeBatchesAndAccumulates) {
-  const MlpShape shape{{4, 6, 3}};
+  const Widths shape{4, 6, 3};
   const int n = 10;
-  std::unique_ptr<Mlp> mlp = MakeMlp(shape, 3);  // 10 = 3 + 3 + 3 + 1
+  std::unique_ptr<Network> mlp = MakeMlp(shape, 3);  // 10 = 3 + 3 + 3 + 1
   ASSERT_NE(mlp, nullptr);
   Params params = MakeParams(shape, rng_);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -228,8 +239,8 @@ TEST_P(MlpTest, EvaluateSlicesLargeBatchesAndAccumulates) {
 }
 
 TEST_P(MlpTest, GradientsAreOverwrittenNotAccumulated) {
-  const MlpShape shape{{5, 7, 3}};
-  std::unique_ptr<Mlp> mlp = MakeMlp(shape, 4);
+  const Widths shape{5, 7, 3};
+  std::unique_ptr<Network> mlp = MakeMlp(shape, 4);
   ASSERT_NE(mlp, nullptr);
   Params params = MakeParams(shape, rng_);
   Params g1 = MakeParams(shape, rng_, true), g2 = MakeParams(shape, rng_);
@@ -245,8 +256,8 @@ TEST_P(MlpTest, GradientsAreOverwrittenNotAccumulated) {
 }
 
 TEST_P(MlpTest, EmptyBatchZeroesGradients) {
-  const MlpShape shape{{5, 7, 3}};
-  std::unique_ptr<Mlp> mlp = MakeMlp(shape, 4);
+  const Widths shape{5, 7, 3};
+  std::unique_ptr<Network> mlp = MakeMlp(shape, 4);
   ASSERT_NE(mlp, nullptr);
   Params params = MakeParams(shape, rng_);
   Params grads = MakeParams(shape, rng_);
@@ -266,8 +277,8 @@ TEST_P(MlpTest, EmptyBatchZeroesGradients) {
 }
 
 TEST_P(MlpTest, BadInputIsInvalidArgument) {
-  const MlpShape shape{{5, 7, 3}};
-  std::unique_ptr<Mlp> mlp = MakeMlp(shape, 4);
+  const Widths shape{5, 7, 3};
+  std::unique_ptr<Network> mlp = MakeMlp(shape, 4);
   ASSERT_NE(mlp, nullptr);
   Params params = MakeParams(shape, rng_);
   Params grads = MakeParams(shape, rng_);
@@ -311,9 +322,9 @@ TEST_P(MlpTest, BadInputIsInvalidArgument) {
 // The job's default shape at its default batch: the loss is finite and every gradient is
 // finite, and each tensor gets some (its time per step is ps_mlp_bench's to measure).
 TEST_P(MlpTest, MnistSizedStepGivesFiniteGradients) {
-  const MlpShape shape{{784, 256, 128, 10}};
+  const Widths shape{784, 256, 128, 10};
   const int batch = 64;
-  std::unique_ptr<Mlp> mlp = MakeMlp(shape, batch);
+  std::unique_ptr<Network> mlp = MakeMlp(shape, batch);
   ASSERT_NE(mlp, nullptr);
   Params params = MakeParams(shape, rng_);
   Params grads = MakeParams(shape, rng_);  // garbage: must be overwritten
@@ -341,8 +352,8 @@ TEST_P(MlpTest, MnistSizedStepGivesFiniteGradients) {
 // standalone's model on the device): the same gradients and losses as host tensors give,
 // bit for bit (the same kernels run in the same order), and an empty batch zeroes them there.
 TEST_P(MlpTest, TensorsInTheKernelsMemoryGiveTheHostPathsResults) {
-  const MlpShape shape{{6, 9, 4}};
-  std::unique_ptr<Mlp> mlp = MakeMlp(shape, 5);
+  const Widths shape{6, 9, 4};
+  std::unique_ptr<Network> mlp = MakeMlp(shape, 5);
   ASSERT_NE(mlp, nullptr);
   Params params = MakeParams(shape, rng_);
   Params host_grads = MakeParams(shape, rng_);

@@ -9,6 +9,7 @@
 #include "common/row_init.h"
 #include "common/shard_map.h"
 #include "tests/worker/in_process_cluster.h"
+#include "worker/network.h"
 #include "worker/trainer.h"
 
 namespace ps {
@@ -44,7 +45,8 @@ class CollectingSink : public ProgressSink {
   std::vector<nlohmann::json> lines;
 };
 
-const MlpShape kShape{{784, 16, 10}};  // Config's --mlp_layers
+// Config's --mlp_layers=784,16,10 written out as the network it is.
+constexpr char kNetwork[] = "input:784,dense:16,relu,dense:10,softmax_ce";
 
 JobConfig Config(int staleness, int workers) {
   return JobConfig::FromFlagMap({{"model", "mlp"},
@@ -72,7 +74,7 @@ void RunOneWorker(const JobConfig& config, const ImageDataset& train, const Imag
   Transport transport;
   testing::InProcessCluster cluster(&transport, config);
   auto kernels = MakeKernels("cpu").value();
-  auto model = MakeMlpModel(config, kernels.get(), config.batch_size, train, test).value();
+  auto model = MakeNetworkModel(config, kernels.get(), config.batch_size, train, test).value();
   auto client = KVClient::Create(&transport, config, cluster.endpoints(), {}).value();
   CollectingSink sink;
   LocalChunkSource chunks(config.epochs, static_cast<uint64_t>(config.chunk_examples),
@@ -94,8 +96,7 @@ void RunOneWorker(const JobConfig& config, const ImageDataset& train, const Imag
 // partial and weighed by n / batch_size), w -= lr * g in float. With local_steps T, rounds
 // of T batches (or to the chunk's end): each batch's gradient at the round's copy, which
 // moves by -lr * g, and the servers' w -= lr * (the round's sum).
-std::vector<std::vector<float>> SequentialSgd(const JobConfig& config, const MlpShape& shape,
-                                              const ImageDataset& train) {
+std::vector<std::vector<float>> SequentialSgd(const JobConfig& config, const ImageDataset& train) {
   auto kernels = MakeKernels("cpu").value();
   const int batch = config.batch_size;
   const size_t chunk_size = static_cast<size_t>(config.chunk_examples);
@@ -112,7 +113,7 @@ std::vector<std::vector<float>> SequentialSgd(const JobConfig& config, const Mlp
     g.emplace_back(v.size());
     sum.emplace_back(v.size());
   }
-  auto ref_mlp = Mlp::Create(shape, kernels.get(), batch).value();
+  auto ref_mlp = Network::Create(ParseNetwork(kNetwork).value(), kernels.get(), batch).value();
   const float lr = static_cast<float>(config.base_lr);
   std::vector<float> x(static_cast<size_t>(batch) * 784);
   std::vector<int32_t> y(static_cast<size_t>(batch));
@@ -169,7 +170,7 @@ std::vector<std::vector<float>> SequentialSgd(const JobConfig& config, const Mlp
 void RunAndCompare(const JobConfig& config, const ImageDataset& train, const ImageDataset& test,
                    LoopRun* run, std::vector<std::vector<float>>* w) {
   ASSERT_NO_FATAL_FAILURE(RunOneWorker(config, train, test, run));
-  *w = SequentialSgd(config, kShape, train);
+  *w = SequentialSgd(config, train);
   for (size_t i = 0; i < w->size(); ++i) {
     ASSERT_EQ(run->params[i].size(), (*w)[i].size());
     EXPECT_EQ(std::memcmp(run->params[i].data(), (*w)[i].data(), (*w)[i].size() * sizeof(float)), 0)
@@ -227,7 +228,7 @@ TEST(TrainingLoopTest, LocalStepsPushEachRoundsSumToTheLastBit) {
   std::vector<std::vector<float>> w;
   ASSERT_NO_FATAL_FAILURE(RunAndCompare(config, train, test, &run, &w));
   // Not the model of a push per step: the rounds changed what was computed.
-  const std::vector<std::vector<float>> per_step = SequentialSgd(Config(0, 1), kShape, train);
+  const std::vector<std::vector<float>> per_step = SequentialSgd(Config(0, 1), train);
   EXPECT_NE(std::memcmp(per_step[0].data(), w[0].data(), w[0].size() * sizeof(float)), 0);
   EXPECT_EQ(run.totals["examples"].get<int64_t>(), 600);
   EXPECT_EQ(run.totals["steps"].get<int64_t>(), 24);
@@ -251,7 +252,7 @@ TEST(TrainingLoopTest, BspMakesTheFastWorkerWaitForTheSlowOne) {
   for (int w = 0; w < 2; ++w) {
     threads.emplace_back([&, w] {
       auto kernels = MakeKernels("cpu").value();
-      auto model = MakeMlpModel(config, kernels.get(), config.batch_size, train, test).value();
+      auto model = MakeNetworkModel(config, kernels.get(), config.batch_size, train, test).value();
       KVClientOptions o;
       o.client_id = w;
       auto client = KVClient::Create(&transport, config, cluster.endpoints(), o).value();
