@@ -13,7 +13,10 @@
 namespace ps {
 namespace {
 
-constexpr char kMagic[8] = {'P', 'S', 'C', 'K', 'P', 'T', '0', '1'};
+// The format written: 02 added the clock table's length and the schedule's progress to
+// the body (ServerCore); files of format 01 are still read.
+constexpr char kMagic[8] = {'P', 'S', 'C', 'K', 'P', 'T', '0', '2'};
+constexpr char kMagicV1[8] = {'P', 'S', 'C', 'K', 'P', 'T', '0', '1'};
 constexpr char kEnd[8] = {'P', 'S', 'C', 'K', 'E', 'N', 'D', '!'};
 
 uint32_t Crc(uint32_t crc, const void* data, size_t n) {
@@ -144,14 +147,19 @@ Result<CheckpointReader> CheckpointReader::Open(const std::string& path) {
   if (stored != crc) return FailedPrecondition(path + " fails its CRC (damaged)");
   std::fseek(r.f_, 0, SEEK_SET);
   char magic[8];
-  if (std::fread(magic, 1, 8, r.f_) != 8 || std::memcmp(magic, kMagic, 8) != 0) {
+  if (std::fread(magic, 1, 8, r.f_) != 8) return FailedPrecondition("short read of " + path);
+  if (std::memcmp(magic, kMagic, 8) == 0) {
+    r.format_ = 2;
+  } else if (std::memcmp(magic, kMagicV1, 8) == 0) {
+    r.format_ = 1;
+  } else {
     return FailedPrecondition(path + " is not a checkpoint file");
   }
   return r;
 }
 
 CheckpointReader::CheckpointReader(CheckpointReader&& o) noexcept
-    : f_(o.f_), path_(std::move(o.path_)), body_end_(o.body_end_) {
+    : f_(o.f_), path_(std::move(o.path_)), body_end_(o.body_end_), format_(o.format_) {
   o.f_ = nullptr;
 }
 

@@ -2,8 +2,9 @@
 // exists under its final name is complete, and a damaged one is detected.
 //
 // Layout of DIR/clock-<C, 12 digits>/server-<id>.ckpt (little-endian):
-//   "PSCKPT01", then the body the server writes through CheckpointWriter::Append, then
-//   the CRC-32 (zlib) of everything before it (u32) and "PSCKEND!".
+//   "PSCKPT02" (or "PSCKPT01", the format before, still read), then the body the server
+//   writes through CheckpointWriter::Append, then the CRC-32 (zlib) of everything before it
+//   (u32) and "PSCKEND!".
 // Written to "<name>.tmp", fsynced, renamed, and the directory fsynced: a crash leaves
 // either no file or a whole one; a truncated or altered file fails its CRC.
 // A checkpoint set (one clock) is complete when every server's file is there and valid;
@@ -55,12 +56,15 @@ class CheckpointReader {
   Status Get(T* v) {
     return Read(v, sizeof(T));
   }
+  // The file's format: 2 (written now) or 1 (whose body lacks what 2 added).
+  int format() const { return format_; }
 
  private:
   CheckpointReader() = default;
   std::FILE* f_ = nullptr;
   std::string path_;
   uint64_t body_end_ = 0;  // offset of the CRC
+  int format_ = 2;
 };
 
 std::string CheckpointFile(const std::string& dir, int64_t clock, int server_id);

@@ -66,6 +66,8 @@
 
 namespace ps {
 
+class CheckpointReader;  // server/checkpoint.h
+
 struct ServerStats {
   uint64_t pushes_applied = 0;
   uint64_t pushes_rejected = 0;  // bad pushes answered with an error
@@ -182,6 +184,11 @@ class ServerCore {
   }
   size_t held_pulls() const { return held_.size(); }
   int64_t worker_clock(int worker) const { return clocks_.at(static_cast<size_t>(worker)); }
+  // The batches the job has trained (each clock a worker ticked, times the batches it
+  // covers): the job's progress, for the lr schedule. A rejoining worker's jump to the
+  // slowest clock adds nothing. Restored from a checkpoint, it starts where the checkpoint's
+  // job was (from the sum of its clocks for a file of format 1, which kept no count).
+  int64_t JobSteps() const { return job_batches_; }
   const ShardMap& shard_map() const { return shard_map_; }
   // Writes this server's rows (values only) to a safetensors file (server/export.h):
   // dense tables as "<name>" [rows held, width], sparse ones as "<name>.ids" and
@@ -305,16 +312,14 @@ class ServerCore {
   // InvalidArgument unless `worker` is a worker id; FailedPrecondition when it was evicted.
   // Grows the clock table for workers that joined (they start out of it).
   Status CheckWorker(int worker, const char* what);
+  // RestoreCheckpoint's clock table and schedule progress, from r (positioned after the
+  // header) of the set at `clock`.
+  Status RestoreClockTable(CheckpointReader& r, const std::string& path, int64_t clock);
   Frames ShutdownReply(uint64_t request_id);
   Frames HeartbeatReply(uint64_t request_id);
   static Status CheckClock(int64_t clock, const char* what);
   // The slowest live worker's clock (INT64_MAX when none is live) and who it is.
   int64_t MinLiveClock(int* slowest = nullptr) const;
-  // The batches the job has trained (each clock a worker ticked, times the batches it
-  // covers): the job's progress, for the lr schedule. A rejoining worker's jump to the
-  // slowest clock adds nothing. Restored from a checkpoint, it starts from the sum of the
-  // checkpoint's clocks (batches per clock are not in checkpoints).
-  int64_t JobSteps() const { return job_batches_; }
   // Batches one clock of `worker` covers (1 for a sender the clock table does not know).
   uint32_t BatchesPerClock(int worker) const {
     return worker >= 0 && static_cast<size_t>(worker) < batches_per_clock_.size()

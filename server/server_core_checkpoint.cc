@@ -39,10 +39,13 @@ Status ServerCore::WriteCheckpointTo(const std::string& dir, int64_t clock) {
   PS_RETURN_IF_ERROR(w.Put(static_cast<uint32_t>(server_id_)));
   PS_RETURN_IF_ERROR(w.Put(static_cast<uint32_t>(config_.num_servers)));
   PS_RETURN_IF_ERROR(w.Put(static_cast<uint32_t>(config_.num_workers)));
+  // The whole clock table: workers that joined the running job come after the job's own.
+  PS_RETURN_IF_ERROR(w.Put(static_cast<uint32_t>(clocks_.size())));
   for (size_t i = 0; i < clocks_.size(); ++i) {
     PS_RETURN_IF_ERROR(w.Put(clocks_[i]));
     PS_RETURN_IF_ERROR(w.Put(static_cast<uint8_t>(left_[i] ? 1 : 0)));
   }
+  PS_RETURN_IF_ERROR(w.Put(job_batches_));  // the schedule's progress
   PS_RETURN_IF_ERROR(w.Put(static_cast<uint32_t>(tables_.size())));
   for (Table& t : tables_) {
     const uint32_t stride = static_cast<uint32_t>(t.stride());
@@ -96,20 +99,48 @@ Status ServerCore::RestoreCheckpoint(const std::string& set_dir) {
                            " workers; this job has " + std::to_string(config_.num_servers) +
                            " servers and " + std::to_string(config_.num_workers) + " workers");
   }
-  for (size_t i = 0; i < clocks_.size(); ++i) {
-    uint8_t left = 0;
-    PS_RETURN_IF_ERROR(r.Get(&clocks_[i]));
-    PS_RETURN_IF_ERROR(r.Get(&left));
-    // Workers of the new job have not joined yet: none is known to have left.
-    (void)left;
-  }
-  job_batches_ = 0;
-  for (int64_t c : clocks_) job_batches_ += std::max<int64_t>(c, 0);
+  PS_RETURN_IF_ERROR(RestoreClockTable(r, path, clock));
   PS_RETURN_IF_ERROR(
       ReadTables([&r](void* data, size_t bytes) { return r.Read(data, bytes); }, SIZE_MAX, path));
   last_checkpoint_clock_ = clock;
   stats_.restored_clock = clock;
   LOG(INFO) << "server " << server_id_ << ": restored " << path << " (clock " << clock << ")";
+  return Status::Ok();
+}
+
+// Every worker of the new job resumes at the checkpoint's clock (the slowest live clock when
+// it was written), as the coordinator tells them, whatever its entry holds: an entry ahead of
+// it (SSP lets a worker run ahead) would let the first workers back move past that clock
+// before the last one rejoins, and one behind it (a worker that died or left before the
+// checkpoint, replaced by a joiner) would hold them all back. Workers that had joined the
+// old job (ids from --num_workers on) are out of the table until they tick, as joiners are.
+Status ServerCore::RestoreClockTable(CheckpointReader& r, const std::string& path, int64_t clock) {
+  const size_t own = static_cast<size_t>(config_.num_workers);
+  uint32_t entries = static_cast<uint32_t>(own);
+  if (r.format() >= 2) PS_RETURN_IF_ERROR(r.Get(&entries));
+  if (entries < own || entries > static_cast<uint32_t>(kMaxWorkers)) {
+    return InvalidArgument(path + " has a clock table of " + std::to_string(entries) +
+                           " workers; expected " + std::to_string(own) + " to " +
+                           std::to_string(kMaxWorkers) + " (--num_workers and those that joined)");
+  }
+  clocks_.assign(entries, 0);
+  batches_per_clock_.assign(entries, 1);
+  left_.assign(entries, false);
+  evicted_.assign(entries, false);
+  int64_t sum = 0;
+  for (size_t i = 0; i < entries; ++i) {
+    uint8_t had_left = 0;
+    PS_RETURN_IF_ERROR(r.Get(&clocks_[i]));
+    PS_RETURN_IF_ERROR(r.Get(&had_left));
+    sum += std::max<int64_t>(clocks_[i], 0);
+    if (i < own) {
+      clocks_[i] = clock;
+    } else {
+      left_[i] = true;
+    }
+  }
+  job_batches_ = sum;  // format 1 kept no count: the clocks ticked, one batch each
+  if (r.format() >= 2) PS_RETURN_IF_ERROR(r.Get(&job_batches_));
   return Status::Ok();
 }
 

@@ -106,6 +106,53 @@ TEST_F(CheckpointTest, RestoredServerContinuesExactlyAsTheOriginal) {
             testing::ReplyHeader(b->HandleOne(pb)).get().getBody().getPullReply().getVersion());
 }
 
+// Preemption, then a restart of the whole job: worker 1 left at clock 2 and a joiner
+// (worker 2) took its place; worker 0 ran a clock ahead (SSP) of the checkpoint at clock 4.
+// The restarted job (2 workers again) restores it: each of its workers resumes at clock 4,
+// whichever rejoins first (worker 1's old clock 2 does not hold them back, worker 0's entry
+// 5 does not let the slowest clock pass 4 before worker 0 is back, and the old job's joiner
+// is not in the new job), and the schedule goes on from the batches the old job trained.
+TEST_F(CheckpointTest, AJobWhoseWorkerWasReplacedByAJoinerRestoresAtTheCheckpointClock) {
+  config_.num_workers = 2;
+  auto a = ServerCore::Create(config_, 0, store_).value();
+  auto tick = [&](ServerCore& core, int worker, int64_t clock, bool leave = false) {
+    Frames t = ClockTick(rid_++, worker, clock, leave);
+    Frames reply = core.HandleOne(t);
+    EXPECT_TRUE(ReplyStatus(reply).ok()) << "worker " << worker << " clock " << clock;
+    return testing::ReplyHeader(reply).get().getBody().getClockReply().getMinClock();
+  };
+  for (int64_t c = 1; c <= 2; ++c) {
+    Step(*a, c, 0.1f);
+    tick(*a, 1, c);
+  }
+  tick(*a, 1, 2, /*leave=*/true);
+  EXPECT_EQ(tick(*a, 2, 0), 2) << "the joiner starts at the slowest live clock";
+  for (int64_t c = 3; c <= 4; ++c) {
+    Step(*a, c, 0.1f * static_cast<float>(c));
+    if (c == 4) tick(*a, 0, 5);
+    tick(*a, 2, c);
+  }
+  ASSERT_TRUE(std::filesystem::exists(CheckpointFile(dir_, 4, 0)));
+  ASSERT_EQ(a->worker_clock(0), 5);
+  const std::vector<float> at_4 = Rows(*a);
+  const int64_t trained = a->JobSteps();
+
+  JobConfig restart = config_;
+  restart.restore = CheckpointSetDir(dir_, 4);
+  Result<std::unique_ptr<ServerCore>> b = ServerCore::Create(restart, 0, store_);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_TRUE(BitEqual(Rows(**b), at_4));
+  EXPECT_EQ((*b)->JobSteps(), trained);
+  // A worker's first tick after a restore (KVClient::Rejoin) learns the clock it resumes
+  // at. Worker 1 comes back first and runs 2 clocks ahead before worker 0 is back.
+  EXPECT_EQ(tick(**b, 1, 0), 4);
+  tick(**b, 1, 5);
+  tick(**b, 1, 6);
+  EXPECT_EQ(tick(**b, 0, 0), 4);
+  tick(**b, 0, 5);
+  EXPECT_EQ(tick(**b, 0, 6), 6) << "the old job's joiner holds the new job back";
+}
+
 TEST_F(CheckpointTest, ACheckpointCutShortOrDamagedIsSkipped) {
   auto a = ServerCore::Create(config_, 0, store_).value();
   for (int64_t c = 1; c <= 2; ++c) Step(*a, c, 0.2f);
