@@ -15,6 +15,20 @@ namespace ps {
 
 using nlohmann::json;
 
+namespace {
+
+// The entry of `record` for the set directory `set` (null when it has none).
+json RecordOf(const json& record, const std::string& set) {
+  const std::filesystem::path want = std::filesystem::weakly_canonical(set);
+  json found;
+  for (const json& e : record["sets"]) {
+    if (std::filesystem::weakly_canonical(e["set"].get<std::string>()) == want) found = e;
+  }
+  return found;
+}
+
+}  // namespace
+
 // The set to restore: `latest` is the latest recorded set whose files are still whole (an
 // unrecorded set, being written or written after the coordinator died, is never used while
 // there is one), else the latest complete set on disk; otherwise the named directory.
@@ -22,9 +36,13 @@ using nlohmann::json;
 Status CheckpointBook::FindRestoreEntry(const json& record, std::string* set, json* entry) const {
   if (config_.restore != "latest") {
     *set = config_.restore;
-    const std::filesystem::path want = std::filesystem::weakly_canonical(*set);
-    for (const json& e : record["sets"]) {
-      if (std::filesystem::weakly_canonical(e["set"].get<std::string>()) == want) *entry = e;
+    *entry = RecordOf(record, *set);
+    if (entry->is_null()) {
+      // A set of another directory (another run's --checkpoint_dir, or a copy of one): its
+      // record lies beside it. A record that cannot be read there is no record.
+      std::string beside = std::filesystem::path(*set).parent_path().string();
+      if (beside.empty()) beside = ".";
+      if (Result<json> other = ReadRecordIn(beside); other.ok()) *entry = RecordOf(*other, *set);
     }
     return ValidateCheckpointSet(*set, config_.num_servers);
   }
@@ -84,8 +102,8 @@ Status CheckpointBook::ResolveRestore() {
   return Status::Ok();
 }
 
-Result<json> CheckpointBook::ReadRecord() const {
-  const std::string path = CheckpointRecordFile(config_.checkpoint_dir);
+Result<json> CheckpointBook::ReadRecordIn(const std::string& dir) {
+  const std::string path = CheckpointRecordFile(dir);
   json record = {{"sets", json::array()}};
   std::ifstream in(path);
   if (!in) return record;

@@ -11,6 +11,8 @@
 // Restoring (--restore): ResolveRestore picks the set (latest: the latest recorded set
 // whose files are whole, else the latest complete set on disk) and where the workers
 // resume: the record's clock and epoch, or the set's clock and epoch 1 without a record.
+// A set named by its directory is looked up in the job's record, then in the record beside
+// it (a set of another run's --checkpoint_dir, or a copy of one).
 //
 // Naming (--checkpoint_every=<N>s, and on SIGTERM): every period the coordinator names a
 // clock ahead of every server, which the servers learn from their report replies; a set
@@ -68,7 +70,7 @@ class CheckpointBook {
   // Records the latest whole set if every training worker passed its clock.
   void RecordWholeSet(const std::vector<bool>& training);
   // checkpoints.json, or {"sets": []} when there is none yet.
-  Result<nlohmann::json> ReadRecord() const;
+  Result<nlohmann::json> ReadRecord() const { return ReadRecordIn(config_.checkpoint_dir); }
   // The latest set of this job (or the one it restored from) whose files are whole.
   std::optional<JobSet> LatestJobSet() const;
   int64_t recorded_clock() const { return recorded_clock_; }
@@ -96,6 +98,8 @@ class CheckpointBook {
   int ResumeEpoch(int64_t clock) const;
   Status FindRestoreEntry(const nlohmann::json& record, std::string* set,
                           nlohmann::json* entry) const;
+  // DIR/checkpoints.json, or {"sets": []} when there is none.
+  static Result<nlohmann::json> ReadRecordIn(const std::string& dir);
 
   JobConfig config_;
   int64_t start_clock_ = 0;

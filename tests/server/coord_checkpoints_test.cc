@@ -107,6 +107,44 @@ TEST_F(CoordCheckpointsTest, ResumesAtTheFirstEpochNotWhollyTrainedByTheClock) {
   EXPECT_FALSE(book.LatestJobSet());
 }
 
+// --restore naming a set of another run's --checkpoint_dir (here: the job restarts with a
+// new one): the record beside the set says where to resume, not epoch 1.
+TEST_F(CoordCheckpointsTest, ASetOfAnotherDirectoryResumesWhereItsOwnRecordSays) {
+  JobConfig first = Config();
+  first.checkpoint_dir = dir_ + "/first";
+  CheckpointBook book(first);
+  const std::vector<bool> training = {true, true};
+  book.OnChunkCompleted(1, 7);
+  book.OnEpochCompleted(1);
+  book.OnLeaseRequest(0, 12);
+  book.OnLeaseRequest(1, 12);
+  for (int s = 0; s < 2; ++s) {
+    Result<CheckpointWriter> w = CheckpointWriter::Start(first.checkpoint_dir, 10, s);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    ASSERT_TRUE(w->Commit().ok());
+    book.OnServerCheckpoint(static_cast<size_t>(s), 2, 10, training);
+  }
+  ASSERT_EQ(Record(book)["sets"].size(), 1u);
+
+  JobConfig again = Config();
+  again.checkpoint_dir = dir_ + "/again";
+  again.restore = CheckpointSetDir(first.checkpoint_dir, 10);
+  CheckpointBook restored(again);
+  ASSERT_TRUE(restored.ResolveRestore().ok());
+  EXPECT_EQ(restored.start_clock(), 10);
+  EXPECT_EQ(restored.start_epoch(), 2);
+  ASSERT_TRUE(restored.restored().has_value());
+  EXPECT_TRUE(restored.restored()->recorded);
+
+  // Without the record beside it: the set's clock, epoch 1, unrecorded.
+  std::filesystem::remove(CheckpointRecordFile(first.checkpoint_dir));
+  CheckpointBook bare(again);
+  ASSERT_TRUE(bare.ResolveRestore().ok());
+  EXPECT_EQ(bare.start_clock(), 10);
+  EXPECT_EQ(bare.start_epoch(), 1);
+  EXPECT_FALSE(bare.restored()->recorded);
+}
+
 TEST_F(CoordCheckpointsTest, NamesAClockAheadOfTheFastestServerEveryPeriod) {
   CheckpointBook book(Config("2s"));
   std::vector<ServerLive> servers(2);
