@@ -10,6 +10,8 @@
 #include <string>
 #include <system_error>
 
+#include "common/network_config.h"
+
 namespace ps {
 namespace {
 
@@ -151,7 +153,14 @@ Status ResolveWholeJobMaxIter(JobConfig* config) {
 Status CheckJobData(const JobConfig& config) {
   if (config.model == "mlp" || config.model == "network") return CheckIdxDir(config.data_dir);
   if (config.model == "sparse_lr") return CheckTrainAndTest(config, "LIBSVM file", LibsvmHint);
-  if (config.model == "wide_deep") return CheckTrainAndTest(config, "CTR file", CtrHint);
+  if (config.model == "wide_deep") {
+    // input:sparse reads LIBSVM rows; an input with fields, CTR lines.
+    const Result<NetworkSpec> net = ParseNetwork(config.network);
+    if (net.ok() && net->sparse_input) {
+      return CheckTrainAndTest(config, "LIBSVM file", LibsvmHint);
+    }
+    return CheckTrainAndTest(config, "CTR file", CtrHint);
+  }
   return Status::Ok();
 }
 

@@ -377,43 +377,34 @@ Result<JobConfig> JobConfig::FromFlagMap(const std::map<std::string, std::string
     if (field == nullptr) return InvalidArgument("unknown job setting --" + name);
     PS_RETURN_IF_ERROR(field->parse(c, value));
   }
-  if (c.model == "sparse_lr") {
-    if (c.train_data.empty()) {
-      return BadValue("train_data", "", "a LIBSVM file: --model=sparse_lr needs training data");
-    }
-    TableSpec w;
-    w.name = "lr.weight";
-    w.rows = 0;  // sparse: keyed by feature id
-    w.width = 1;
-    TableSpec b;
-    b.name = "lr.bias";
-    b.rows = 1;
-    b.width = 1;
-    c.table_specs.push_back(w);
-    c.table_specs.push_back(b);
+  if (c.model == "sparse_lr" && c.train_data.empty()) {
+    return BadValue("train_data", "",
+                    "a LIBSVM file (scripts/make_sparse_data.sh): --model=sparse_lr needs "
+                    "training data");
+  }
+  if (c.model == "wide_deep" && c.train_data.empty()) {
+    return BadValue("train_data", "",
+                    "a CTR file (scripts/make_sparse_data.sh --ctr) or, for input:sparse, a "
+                    "LIBSVM file: --model=wide_deep needs training data");
   }
   if (c.model == "mlp") {
     PS_ASSIGN_OR_RETURN(std::vector<int> layers, ParseIntList("mlp_layers", c.mlp_layers));
     if (layers.size() < 2) {
       return BadValue("mlp_layers", c.mlp_layers, "at least two layer widths (input, output)");
     }
-    // The MLP is the network MlpNetwork writes: the same tables as --model=network with it.
-    PS_ASSIGN_OR_RETURN(std::string mlp, MlpNetwork(layers));
-    PS_ASSIGN_OR_RETURN(NetworkSpec net, ParseNetwork(mlp));
-    c.table_specs = net.Tables();
   }
-  if (c.model == "wide_deep" && c.train_data.empty()) {
-    return BadValue("train_data", "",
-                    "a CTR file (scripts/make_sparse_data.sh --ctr): --model=wide_deep needs "
-                    "training data");
-  }
-  if (c.model == "network" || c.model == "wide_deep") {
-    PS_ASSIGN_OR_RETURN(NetworkSpec net, ParseNetwork(c.network));
-    PS_RETURN_IF_ERROR(CheckNetworkForModel(net, c.model));
-    c.table_specs = net.Tables();
-  } else if (!c.network.empty()) {
+  if (!c.network.empty() && c.model != "network" && c.model != "wide_deep") {
     return BadValue("network", c.network,
                     "empty unless --model=network or wide_deep (the model is '" + c.model + "')");
+  }
+  if (c.model != "none") {
+    // Every model is a network: --mlp_layers' MLP, sparse LR's or --network itself, whose
+    // layers own the job's first tables.
+    PS_ASSIGN_OR_RETURN(NetworkSpec net, JobNetwork(c));
+    if (c.model == "network" || c.model == "wide_deep") {
+      PS_RETURN_IF_ERROR(CheckNetworkForModel(net, c.model));
+    }
+    c.table_specs = net.Tables();
   }
   PS_ASSIGN_OR_RETURN(std::vector<TableSpec> extra, ParseTables(c.tables));
   for (TableSpec& t : extra) c.table_specs.push_back(std::move(t));

@@ -36,7 +36,8 @@ struct TableSpec {
 struct JobConfig {
   // ---- the model and its tables ----
   // "mlp": a multilayer perceptron on IDX images, tables derived from mlp_layers.
-  // "sparse_lr": logistic regression on LIBSVM data, a sparse table keyed by feature id.
+  // "sparse_lr": logistic regression on LIBSVM data, a sparse table keyed by feature id:
+  //   shorthand for "wide_deep" with network kSparseLrNetwork (input:sparse,wide,sigmoid_ce).
   // "network": the layers of `network` on IDX images (common/network_config.h).
   // "wide_deep": the layers of `network` with embedding, concat and wide on click-through
   // data (worker/wide_deep.h): sparse tables `emb` and `wide.weight` keyed by id.
@@ -169,7 +170,8 @@ struct JobConfig {
   double divergence_loss_ratio = 10;
   uint64_t seed = 1;                                           // initializers and data order
   std::string data_dir = "/usr/share/datasets/fashion-mnist";  // mlp: IDX files
-  // sparse_lr: LIBSVM training file (gzip or plain); wide_deep: CTR file (worker/ctr_data.h)
+  // sparse_lr (and input:sparse): LIBSVM training file (gzip or plain); wide_deep: CTR file
+  // (worker/ctr_data.h)
   std::string train_data;
   std::string test_data;  // sparse_lr, wide_deep: the test file, same format
   // sparse_lr: hash feature ids into 64 bits (xxHash), for ids from several sources.

@@ -46,7 +46,7 @@ struct KindSyntax {
 
 const std::vector<KindSyntax>& Syntaxes() {
   static const std::vector<KindSyntax> table = {
-      {"input", {"SHAPE"}, {"fields"}, "input:CxHxW, input:N or input:N:fields=F"},
+      {"input", {"SHAPE"}, {"fields"}, "input:CxHxW, input:N, input:N:fields=F or input:sparse"},
       {"conv2d",
        {"FILTERS", "KERNEL"},
        {"stride", "pad"},
@@ -130,6 +130,12 @@ class Item {
     return dflt;
   }
   const std::string& Field(size_t i) const { return positional_[i]; }
+  bool HasOptional(const char* name) const {
+    for (const auto& [n, v] : optional_) {
+      if (n == name) return true;
+    }
+    return false;
+  }
 
  private:
   Result<int> ParseIntField(const std::string& name, const std::string& v, int64_t lo,
@@ -267,6 +273,14 @@ Status ParseDropout(const Item& item, LayerSpec* l) {
 
 // input:SHAPE[:fields=F]: categorical fields go with a flat input of dense features.
 Status ParseInput(const Item& item, NetworkSpec* net) {
+  if (item.Field(0) == "sparse") {
+    net->sparse_input = true;
+    net->input = ActShape{0, 1, 1};
+    if (item.HasOptional("fields")) {
+      return item.Error("input:sparse takes no fields: its examples are LIBSVM rows of any length");
+    }
+    return Status::Ok();
+  }
   PS_ASSIGN_OR_RETURN(net->input, ParseShape(item));
   PS_ASSIGN_OR_RETURN(net->fields, item.OptionalInt("fields", 0, 0, 1 << 12));
   if (net->fields > 0 && !net->input.flat()) {
@@ -297,8 +311,10 @@ Status ParseLoss(const Item& item, const ActShape& in, NetworkSpec* net) {
 Status ParseCtrLayer(const Item& item, const NetworkSpec& net, LayerSpec* l) {
   const std::string& k = item.kind();
   const LayerKind prev = net.layers.empty() ? LayerKind::kRelu : net.layers.back().kind;
-  if (net.fields == 0) {
-    return item.Error("needs categorical fields: expected an input like input:13:fields=26");
+  if (net.fields == 0 && !net.sparse_input) {
+    return item.Error(
+        "needs categorical fields or sparse features: expected an input like input:13:fields=26 "
+        "or input:sparse");
   }
   if (k == "embedding") {
     l->kind = LayerKind::kEmbedding;
@@ -320,7 +336,9 @@ Status ParseCtrLayer(const Item& item, const NetworkSpec& net, LayerSpec* l) {
     return Status::Ok();
   }
   l->kind = LayerKind::kWide;
-  if (l->in != ActShape{1, 1, 1}) {
+  if (net.sparse_input && net.layers.empty()) {
+    l->out = ActShape{1, 1, 1};  // the logit is the wide part alone: logistic regression
+  } else if (l->in != ActShape{1, 1, 1}) {
     return item.Error("the input " + l->in.ToString() +
                       " is not one logit: expected dense:1 before wide");
   }
@@ -424,6 +442,11 @@ Result<NetworkSpec> ParseNetwork(const std::string& text) {
     if (has_loss) return item.Error("comes after the loss: expected the loss to be last");
     const ActShape in = net.layers.empty() ? net.input : net.layers.back().out;
     const bool loss = item.kind() == "softmax_ce" || item.kind() == "sigmoid_ce";
+    if (net.sparse_input && net.layers.empty() && item.kind() != "wide") {
+      return item.Error(
+          "follows input:sparse, whose features (id:value, any number an example) only wide "
+          "reads: expected input:sparse,wide,sigmoid_ce");
+    }
     if (!net.layers.empty() && net.layers.back().kind == LayerKind::kWide && !loss) {
       return item.Error("comes after wide: expected sigmoid_ce right after wide");
     }
@@ -462,6 +485,12 @@ Status CheckNetworkForModel(const NetworkSpec& net, const std::string& model) {
   };
   const bool wide_deep = model == "wide_deep";
   if (!wide_deep) {
+    if (net.sparse_input) {
+      return InvalidArgument(
+          "--network: layer 0 (input): input:sparse needs LIBSVM data: expected "
+          "--model=wide_deep, not --model=" +
+          model);
+    }
     if (net.fields > 0) {
       return InvalidArgument(
           "--network: layer 0 (input): fields=" + std::to_string(net.fields) +
@@ -475,10 +504,11 @@ Status CheckNetworkForModel(const NetworkSpec& net, const std::string& model) {
     }
     return Status::Ok();
   }
+  if (net.sparse_input) return Status::Ok();  // ParseNetwork allows wide only after it
   if (net.fields == 0) {
     return InvalidArgument(
         "--network: layer 0 (input): no categorical fields: --model=wide_deep expects "
-        "input:N:fields=F, e.g. input:13:fields=26");
+        "input:N:fields=F (e.g. input:13:fields=26) or input:sparse");
   }
   if (net.layers.size() < 2 || net.layers[0].kind != LayerKind::kEmbedding ||
       net.layers[1].kind != LayerKind::kConcat) {
@@ -521,10 +551,11 @@ Result<std::string> MlpNetwork(const std::vector<int>& widths) {
 }
 
 Result<NetworkSpec> JobNetwork(const JobConfig& config) {
-  if (config.model == "network") return ParseNetwork(config.network);
+  if (config.model == "network" || config.model == "wide_deep") return ParseNetwork(config.network);
+  if (config.model == "sparse_lr") return ParseNetwork(kSparseLrNetwork);
   if (config.model != "mlp") {
     return InvalidArgument("the job's model '" + config.model +
-                           "' is not a network of dense layers: expected mlp or network");
+                           "' is not a network: expected mlp, network, sparse_lr or wide_deep");
   }
   PS_ASSIGN_OR_RETURN(std::vector<int> widths, ParseIntList("mlp_layers", config.mlp_layers));
   PS_ASSIGN_OR_RETURN(std::string net, MlpNetwork(widths));

@@ -9,13 +9,16 @@
 //
 //   input:CxHxW | input:N   first and only first: the shape of one example (N = Nx1x1)
 //   input:N:fields=F        --model=wide_deep: N dense features and F categorical fields
+//   input:sparse            --model=wide_deep: LIBSVM rows, any number of id:value features
+//                           an example; only wide may follow (logistic regression)
 //   embedding:DIM           right after an input with fields: each field's id looked up in
 //                           the sparse table `emb` (width DIM, keyed by id) -> F*DIM
 //   concat                  right after embedding: the F*DIM embeddings, then the N dense
 //                           features -> F*DIM + N
 //   wide                    right before sigmoid_ce, on one logit: adds the wide part, a
 //                           weight per id (sparse table wide.weight, width 1) summed over
-//                           the example's fields, plus wide.bias [1 x 1]
+//                           the example's fields, plus wide.bias [1 x 1]; right after
+//                           input:sparse it is the whole logit, bias + sum of weight x value
 //   conv2d:FILTERS:KERNEL[:stride=S][:pad=P]  square KERNEL x KERNEL filters over CxHxW;
 //                           tables convN.weight [FILTERS x C*K*K] and convN.bias [1 x FILTERS]
 //   maxpool:WINDOW[:stride=S][:pad=P]  max over WINDOW x WINDOW (stride defaults to WINDOW)
@@ -30,7 +33,8 @@
 // "input:784,dense:256,relu,dense:128,relu,dense:10,softmax_ce" has the MLP's tables.
 // embedding, concat and wide need the example's ids, so --model=wide_deep runs them itself
 // (worker/wide_deep.h) and the layers between concat and wide as kernels-backed layers;
-// --model=network refuses them (CheckNetworkForModel).
+// --model=network refuses them (CheckNetworkForModel). --model=sparse_lr is shorthand for
+// --model=wide_deep with kSparseLrNetwork.
 // Example (a small CNN for 28x28 grey images):
 //   input:1x28x28,conv2d:16:3:pad=1,relu,maxpool:2,conv2d:32:3:pad=1,relu,maxpool:2,
 //   flatten,dense:128,relu,dense:10,softmax_ce
@@ -90,6 +94,7 @@ struct LayerSpec {
 struct NetworkSpec {
   ActShape input;
   int fields = 0;                 // categorical fields per example (input's fields=F); 0 for images
+  bool sparse_input = false;      // input:sparse (then input is 0 values wide: no dense features)
   std::vector<LayerSpec> layers;  // between the input and the loss
   LossKind loss = LossKind::kSoftmaxCe;
   int classes = 0;  // softmax_ce: the input width; sigmoid_ce: 1 (labels 0 or 1)
@@ -105,9 +110,10 @@ Result<NetworkSpec> ParseNetwork(const std::string& text);
 const char* LayerKindName(LayerKind kind);
 
 // Whether `model` ("network" or "wide_deep") can run `net`: --model=network has no
-// categorical fields, embedding, concat or wide; --model=wide_deep has an input with fields,
-// then embedding and concat, ends with sigmoid_ce, and has only dense, relu and dropout
-// between concat and (optional) wide. InvalidArgument naming the layer otherwise.
+// categorical fields, sparse input, embedding, concat or wide; --model=wide_deep has either
+// input:sparse then wide, or an input with fields, then embedding and concat, sigmoid_ce
+// last, and only dense, relu and dropout between concat and (optional) wide. InvalidArgument naming
+// the layer otherwise.
 Status CheckNetworkForModel(const NetworkSpec& net, const std::string& model);
 
 // The --network that --model=mlp trains: --mlp_layers' widths, input first and classes last,
@@ -117,8 +123,13 @@ Status CheckNetworkForModel(const NetworkSpec& net, const std::string& model);
 // for fewer than two widths or a width < 1.
 Result<std::string> MlpNetwork(const std::vector<int>& widths);
 
-// The parsed network of a job whose model is "mlp" (from --mlp_layers) or "network" (from
-// --network); InvalidArgument for another model or a bad list.
+// The network --model=sparse_lr trains: logistic regression on LIBSVM rows, whose tables
+// are wide.weight (sparse, width 1, keyed by feature id) and wide.bias [1 x 1].
+inline constexpr char kSparseLrNetwork[] = "input:sparse,wide,sigmoid_ce";
+
+// The parsed network of a job: --mlp_layers' MLP for "mlp", kSparseLrNetwork for
+// "sparse_lr", --network for "network" and "wide_deep"; InvalidArgument for another model
+// or a bad list.
 Result<NetworkSpec> JobNetwork(const JobConfig& config);
 
 }  // namespace ps

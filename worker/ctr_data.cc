@@ -81,4 +81,31 @@ Result<CtrDataset> LoadCtr(const std::string& path, int dense, int fields) {
   return data;
 }
 
+Result<CtrDataset> CtrFromLibsvm(SparseDataset rows) {
+  const size_t n = rows.features.size();
+  bool ok = rows.count >= 0 && rows.offsets.size() == static_cast<size_t>(rows.count) + 1 &&
+            rows.labels.size() == static_cast<size_t>(rows.count) && rows.values.size() == n &&
+            rows.offsets.front() == 0 && rows.offsets.back() == static_cast<int64_t>(n);
+  for (size_t e = 0; ok && e + 1 < rows.offsets.size(); ++e) {
+    ok = rows.offsets[e] <= rows.offsets[e + 1];
+  }
+  for (size_t e = 0; ok && e < rows.labels.size(); ++e) {
+    ok = rows.labels[e] == 0 || rows.labels[e] == 1;
+  }
+  if (!ok) {
+    return InvalidArgument("LIBSVM rows: inconsistent: " + std::to_string(rows.count) +
+                           " examples, " + std::to_string(rows.offsets.size()) + " offsets, " +
+                           std::to_string(rows.labels.size()) + " labels (0 or 1), " +
+                           std::to_string(n) + " features, " + std::to_string(rows.values.size()) +
+                           " values");
+  }
+  CtrDataset d;
+  d.count = rows.count;
+  d.ids = std::move(rows.features);
+  d.id_values = std::move(rows.values);
+  d.id_offsets = std::move(rows.offsets);
+  d.labels = std::move(rows.labels);
+  return d;
+}
+
 }  // namespace ps

@@ -9,6 +9,10 @@
 // value of one field and is the key of its rows in the sparse tables `emb` and
 // `wide.weight`. (Criteo's hex tokens would be hashed with their field to such ids first.)
 //
+// The same struct holds LIBSVM rows for the network input:sparse (sparse logistic
+// regression): no dense features and no fixed fields, but each example its own number of
+// ids, each with a value (CtrFromLibsvm).
+//
 // Thread safety: the functions share no state; call them from any thread.
 #pragma once
 
@@ -17,20 +21,30 @@
 #include <vector>
 
 #include "common/status.h"
+#include "worker/libsvm_reader.h"
 
 namespace ps {
 
 struct CtrDataset {
   int dense = 0;   // numeric features per example
-  int fields = 0;  // categorical ids per example
+  int fields = 0;  // categorical ids per example; 0: each example has its own (id_offsets)
   int64_t count = 0;
   std::vector<float> values;    // count x dense, row-major
-  std::vector<uint64_t> ids;    // count x fields, row-major
+  std::vector<uint64_t> ids;    // the examples' ids in example order: count x fields
   std::vector<int32_t> labels;  // count, 0 or 1
+  // fields == 0 only: count + 1 offsets, example e's ids are [id_offsets[e], id_offsets[e+1]),
+  // and id_values, parallel to ids, the value each id is weighed by (LIBSVM's IDX:VALUE).
+  std::vector<int64_t> id_offsets;
+  std::vector<float> id_values;
 
   const float* values_of(int64_t e) const { return values.data() + e * dense; }
-  const uint64_t* ids_of(int64_t e) const { return ids.data() + e * fields; }
+  int64_t ids_begin(int64_t e) const { return fields > 0 ? e * fields : id_offsets[e]; }
+  int64_t ids_end(int64_t e) const { return fields > 0 ? (e + 1) * fields : id_offsets[e + 1]; }
 };
+
+// LIBSVM rows as the examples of input:sparse (moved, not copied): fields 0, no dense
+// features. InvalidArgument when the rows are not consistent (offsets, values, labels).
+Result<CtrDataset> CtrFromLibsvm(SparseDataset rows);
 
 // Reads a CTR file (plain text) of examples with `dense` numeric features and `fields` ids.
 // NotFound for a missing file; InvalidArgument naming the file, line and column of a line

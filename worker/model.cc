@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <cstring>
 
+#include "worker/auc.h"
 #include "worker/idx_reader.h"
 #include "worker/libsvm_reader.h"
 #include "worker/network.h"
-#include "worker/sparse_lr.h"
 #include "worker/wide_deep.h"
 
 namespace ps {
@@ -165,100 +165,21 @@ class DenseModel final : public TrainableModel {
   std::vector<int32_t> y_;
 };
 
-// ---- sparse logistic regression: only the batch's features are pulled ----
-
-class SparseLrModel final : public TrainableModel {
- public:
-  SparseLrModel(int max_batch, SparseDataset train, SparseDataset test)
-      : max_batch_(max_batch), train_(std::move(train)), test_(std::move(test)) {}
-
-  int64_t train_examples() const override { return train_.count; }
-  int max_batch() const override { return max_batch_; }
-
-  Status Pull(KVClient& client, std::span<const int64_t> examples, RequestInfo* info) override {
-    batch_ = MakeSparseBatch(train_, examples);
-    weights_.resize(batch_.keys.size());
-    grads_.resize(batch_.keys.size());
-    std::vector<Ticket> tickets;
-    {
-      KVClient::Corked batch(client);  // one message per server
-      tickets = {client.Pull(kWeights, batch_.keys, weights_),
-                 client.PullRange(kBias, RowRange{0, 1}, bias_)};
-    }
-    return WaitAll(client, tickets, info);
-  }
-
-  Status Compute(std::span<const int64_t> examples, float grad_scale,
-                 BatchResult* result) override {
-    if (examples.size() != batch_.examples.size()) {
-      return Internal("Compute's examples differ from the last Pull's");
-    }
-    PS_RETURN_IF_ERROR(SparseLrForwardBackward(train_, batch_, weights_, bias_[0], grads_,
-                                               &bias_grad_[0], result));
-    if (grad_scale != 1.0f) {
-      for (float& g : grads_) g *= grad_scale;
-      bias_grad_[0] *= grad_scale;
-    }
-    return Status::Ok();
-  }
-
-  void Push(KVClient& client, std::vector<Ticket>* tickets) override {
-    KVClient::Corked batch(client);  // one message per server
-    tickets->push_back(client.Push(kWeights, batch_.keys, grads_));
-    tickets->push_back(client.PushRange(kBias, RowRange{0, 1}, bias_grad_));
-  }
-
-  Result<json> Evaluate(KVClient& client) override {
-    // In slices, so that the pulled features of a large test set stay bounded.
-    constexpr int64_t kSlice = 8192;
-    BatchResult r;
-    std::vector<float> scores;
-    std::vector<float> weights;
-    std::vector<float> bias(1);
-    std::vector<int64_t> ids;
-    for (int64_t begin = 0; begin < test_.count; begin += kSlice) {
-      ids.clear();
-      for (int64_t i = begin; i < std::min(test_.count, begin + kSlice); ++i) ids.push_back(i);
-      SparseBatch batch = MakeSparseBatch(test_, ids);
-      weights.resize(batch.keys.size());
-      std::vector<Ticket> tickets;
-      {
-        KVClient::Corked cork(client);  // one message per server
-        tickets = {client.Pull(kWeights, batch.keys, weights),
-                   client.PullRange(kBias, RowRange{0, 1}, bias)};
-      }
-      PS_RETURN_IF_ERROR(WaitAll(client, tickets, nullptr));
-      PS_RETURN_IF_ERROR(SparseLrEvaluate(test_, batch, weights, bias[0], &r, &scores));
-    }
-    json out = EvalJson(r);
-    out["test_auc"] = Auc(scores, test_.labels);
-    return out;
-  }
-
- private:
-  // Fixed ids: FromFlagMap puts lr.weight and lr.bias first.
-  static constexpr uint32_t kWeights = 0;
-  static constexpr uint32_t kBias = 1;
-
-  const int max_batch_;
-  SparseDataset train_, test_;
-  SparseBatch batch_;
-  std::vector<float> weights_, grads_;
-  std::vector<float> bias_ = std::vector<float>(1), bias_grad_ = std::vector<float>(1);
-};
-
-// ---- wide and deep: the batch's embedding rows and wide weights, the MLP whole ----
+// ---- wide and deep (and sparse LR, its wide part alone): the batch's embedding rows and
+// wide weights, the MLP whole ----
 
 class WideDeepModel final : public TrainableModel {
  public:
-  // Table ids follow NetworkSpec::Tables(): emb, the MLP's tables, wide.weight, wide.bias.
+  // Table ids follow NetworkSpec::Tables(): emb (unless input:sparse), the MLP's tables,
+  // wide.weight, wide.bias.
   WideDeepModel(std::unique_ptr<WideDeep> net, CtrDataset train, CtrDataset test)
       : net_(std::move(net)), train_(std::move(train)), test_(std::move(test)) {
     for (const size_t n : net_->mlp_sizes()) {
       mlp_.emplace_back(n);
       mlp_grads_.emplace_back(n);
     }
-    wide_id_ = static_cast<uint32_t>(1 + mlp_.size());
+    first_mlp_ = net_->dim() > 0 ? 1 : 0;
+    wide_id_ = static_cast<uint32_t>(first_mlp_ + mlp_.size());
   }
 
   int64_t train_examples() const override { return train_.count; }
@@ -292,11 +213,10 @@ class WideDeepModel final : public TrainableModel {
 
   void Push(KVClient& client, std::vector<Ticket>* tickets) override {
     KVClient::Corked batch(client);  // one message per server
-    tickets->push_back(client.Push(kEmb, batch_.keys, emb_grads_));
+    if (net_->dim() > 0) tickets->push_back(client.Push(kEmb, batch_.keys, emb_grads_));
     for (size_t i = 0; i < mlp_grads_.size(); ++i) {
-      const TableSpec& t = client.table(static_cast<uint32_t>(1 + i));
-      tickets->push_back(
-          client.PushRange(static_cast<uint32_t>(1 + i), RowRange{0, t.rows}, mlp_grads_[i]));
+      const uint32_t id = static_cast<uint32_t>(first_mlp_ + i);
+      tickets->push_back(client.PushRange(id, RowRange{0, client.table(id).rows}, mlp_grads_[i]));
     }
     if (!net_->has_wide()) return;
     tickets->push_back(client.Push(wide_id_, batch_.keys, wide_grads_));
@@ -331,11 +251,10 @@ class WideDeepModel final : public TrainableModel {
     wide->resize(net_->has_wide() ? batch.keys.size() : 0);
     std::vector<Ticket> tickets;
     KVClient::Corked cork(client);  // one message per server
-    tickets.push_back(client.Pull(kEmb, batch.keys, *emb));
+    if (net_->dim() > 0) tickets.push_back(client.Pull(kEmb, batch.keys, *emb));
     for (size_t i = 0; i < mlp_.size(); ++i) {
-      const TableSpec& t = client.table(static_cast<uint32_t>(1 + i));
-      tickets.push_back(
-          client.PullRange(static_cast<uint32_t>(1 + i), RowRange{0, t.rows}, mlp_[i]));
+      const uint32_t id = static_cast<uint32_t>(first_mlp_ + i);
+      tickets.push_back(client.PullRange(id, RowRange{0, client.table(id).rows}, mlp_[i]));
     }
     if (net_->has_wide()) {
       tickets.push_back(client.Pull(wide_id_, batch.keys, *wide));
@@ -352,6 +271,7 @@ class WideDeepModel final : public TrainableModel {
 
   std::unique_ptr<WideDeep> net_;
   CtrDataset train_, test_;
+  uint32_t first_mlp_ = 0;  // the MLP's first table: after emb, if there is one
   uint32_t wide_id_ = 0;
   CtrBatch batch_;
   std::vector<float> emb_, wide_, emb_grads_, wide_grads_;
@@ -359,13 +279,26 @@ class WideDeepModel final : public TrainableModel {
   std::vector<float> wide_bias_ = std::vector<float>(1), wide_bias_grad_ = std::vector<float>(1);
 };
 
+// The examples of a wide-and-deep network: LIBSVM rows for input:sparse, else CTR lines.
+Result<CtrDataset> LoadCtrOrLibsvm(const JobConfig& config, const NetworkSpec& spec,
+                                   const std::string& path) {
+  LOG(INFO) << "loading " << path;
+  if (!spec.sparse_input) return LoadCtr(path, static_cast<int>(spec.input.size()), spec.fields);
+  LibsvmOptions o;
+  o.hash_features = config.hash_features;
+  PS_ASSIGN_OR_RETURN(SparseDataset rows, LoadLibsvm(path, o));
+  return CtrFromLibsvm(std::move(rows));
+}
+
 }  // namespace
 
 Result<std::unique_ptr<TrainableModel>> MakeWideDeepModel(const JobConfig& config, Kernels* kernels,
                                                           int max_batch, CtrDataset train,
                                                           CtrDataset test) {
-  if (config.model != "wide_deep") return InvalidArgument("the job's model is not wide_deep");
-  PS_ASSIGN_OR_RETURN(NetworkSpec spec, ParseNetwork(config.network));
+  if (config.model != "wide_deep" && config.model != "sparse_lr") {
+    return InvalidArgument("the job's model is not wide_deep or sparse_lr");
+  }
+  PS_ASSIGN_OR_RETURN(NetworkSpec spec, JobNetwork(config));
   const std::vector<TableSpec> tables = spec.Tables();
   for (size_t i = 0; i < tables.size(); ++i) {
     if (i >= config.table_specs.size() || config.table_specs[i].name != tables[i].name) {
@@ -392,14 +325,9 @@ Result<std::unique_ptr<TrainableModel>> MakeNetworkModel(const JobConfig& config
                       tables[i].name + "'");
     }
   }
-  const int64_t inputs = static_cast<int64_t>(train.rows) * train.cols;
-  if (inputs != spec.input.size()) {
-    return InvalidArgument(
-        "the data has " + std::to_string(inputs) + " inputs per example (" +
-        std::to_string(train.rows) + "x" + std::to_string(train.cols) + ") but " +
-        (config.model == "mlp" ? "--mlp_layers starts with " : "--network's input is ") +
-        spec.input.ToString());
-  }
+  PS_RETURN_IF_ERROR(
+      CheckNetworkInput(config, spec, static_cast<int64_t>(train.rows) * train.cols,
+                        std::to_string(train.rows) + "x" + std::to_string(train.cols)));
   PS_ASSIGN_OR_RETURN(std::unique_ptr<Network> net,
                       Network::Create(spec, kernels, max_batch, config.seed));
   return std::unique_ptr<TrainableModel>(
@@ -414,32 +342,15 @@ Result<std::unique_ptr<TrainableModel>> LoadModel(const JobConfig& config, Kerne
     PS_ASSIGN_OR_RETURN(ImageDataset test, LoadIdxDatasetCached(config.data_dir, "t10k"));
     return MakeNetworkModel(config, kernels, max_batch, std::move(train), std::move(test));
   }
-  if (config.model == "sparse_lr") {
-    if (config.table_specs.size() < 2 || config.table_specs[0].name != "lr.weight" ||
-        config.table_specs[1].name != "lr.bias") {
-      return Internal("sparse_lr expects tables lr.weight and lr.bias first");
-    }
-    LibsvmOptions o;
-    o.hash_features = config.hash_features;
-    LOG(INFO) << "loading " << config.train_data;
-    PS_ASSIGN_OR_RETURN(SparseDataset train, LoadLibsvm(config.train_data, o));
-    SparseDataset test;
-    if (!config.test_data.empty()) {
-      PS_ASSIGN_OR_RETURN(test, LoadLibsvm(config.test_data, o));
-    }
-    return std::unique_ptr<TrainableModel>(
-        new SparseLrModel(max_batch, std::move(train), std::move(test)));
-  }
-  if (config.model == "wide_deep") {
-    PS_ASSIGN_OR_RETURN(NetworkSpec spec, ParseNetwork(config.network));
-    const int dense = static_cast<int>(spec.input.size());
-    LOG(INFO) << "loading " << config.train_data;
-    PS_ASSIGN_OR_RETURN(CtrDataset train, LoadCtr(config.train_data, dense, spec.fields));
+  if (config.model == "sparse_lr" || config.model == "wide_deep") {
+    PS_ASSIGN_OR_RETURN(NetworkSpec spec, JobNetwork(config));
+    PS_ASSIGN_OR_RETURN(CtrDataset train, LoadCtrOrLibsvm(config, spec, config.train_data));
     CtrDataset test;
-    test.dense = dense;
+    test.dense = static_cast<int>(spec.input.size());
     test.fields = spec.fields;
+    test.id_offsets.assign(spec.sparse_input ? 1 : 0, 0);
     if (!config.test_data.empty()) {
-      PS_ASSIGN_OR_RETURN(test, LoadCtr(config.test_data, dense, spec.fields));
+      PS_ASSIGN_OR_RETURN(test, LoadCtrOrLibsvm(config, spec, config.test_data));
     }
     return MakeWideDeepModel(config, kernels, max_batch, std::move(train), std::move(test));
   }

@@ -6,13 +6,14 @@
 //     convN.* / fcN.* pulled whole every step; IDX image data (Fashion-MNIST).
 //   MLP (--model=mlp): the network of --mlp_layers (MlpNetwork, common/network_config.h):
 //     dense tables fcL.weight / fcL.bias, run as above.
-//   Sparse logistic regression (--model=sparse_lr): a sparse table `lr.weight` of width 1
-//     keyed by feature id, and a one-row `lr.bias`; each step pulls only the features its
-//     batch touches. LIBSVM data.
+//   Sparse logistic regression (--model=sparse_lr): the network kSparseLrNetwork
+//     (input:sparse,wide,sigmoid_ce), run as wide and deep below: a sparse table
+//     `wide.weight` of width 1 keyed by feature id and a one-row `wide.bias`; each step pulls
+//     only the features its batch touches. LIBSVM data.
 //   Wide and deep (--model=wide_deep): the --network with embedding, concat and wide
 //     (worker/wide_deep.h): sparse tables `emb` and `wide.weight` keyed by id, of which each
 //     step pulls the batch's ids, and the MLP's dense tables, pulled whole. CTR data
-//     (worker/ctr_data.h).
+//     (worker/ctr_data.h), or LIBSVM rows for input:sparse.
 //
 // Thread model: used by one thread (the training loop's).
 #pragma once

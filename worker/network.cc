@@ -14,6 +14,15 @@ std::span<T const> Slice(const std::vector<T>& v, size_t first, size_t n) {
 
 }  // namespace
 
+Status CheckNetworkInput(const JobConfig& config, const NetworkSpec& spec, int64_t inputs,
+                         const std::string& shape) {
+  if (inputs == spec.input.size()) return Status::Ok();
+  return InvalidArgument(
+      "the data has " + std::to_string(inputs) + " inputs per example (" + shape + ") but " +
+      (config.model == "mlp" ? "--mlp_layers starts with " : "--network's input is ") +
+      spec.input.ToString());
+}
+
 Status ZeroTensors(Kernels& kernels, TensorHome home, const std::vector<float*>& tensors,
                    const std::vector<size_t>& sizes) {
   for (size_t i = 0; i < tensors.size(); ++i) {

@@ -32,6 +32,12 @@ enum class TensorHome {
   kKernels,
 };
 
+// OK when examples of `inputs` values (`shape`, e.g. "28x28", for the message) fill the
+// input of the job's network `spec`; else InvalidArgument naming --mlp_layers or --network,
+// as the job wrote it, and both sizes.
+Status CheckNetworkInput(const JobConfig& config, const NetworkSpec& spec, int64_t inputs,
+                         const std::string& shape);
+
 // Zeroes tensors[i] (sizes[i] floats) in `home`: the gradient of a mean over no examples.
 Status ZeroTensors(Kernels& kernels, TensorHome home, const std::vector<float*>& tensors,
                    const std::vector<size_t>& sizes);

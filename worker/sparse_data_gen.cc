@@ -10,7 +10,7 @@
 #include <numbers>
 #include <numeric>
 
-#include "worker/sparse_lr.h"  // Auc
+#include "worker/auc.h"
 
 namespace ps {
 namespace {

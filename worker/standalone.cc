@@ -154,12 +154,9 @@ Status StandaloneRun::Open() {
 
 Status StandaloneRun::CreateModel() {
   PS_ASSIGN_OR_RETURN(NetworkSpec spec, JobNetwork(config_));
-  if (static_cast<int64_t>(dim_) != spec.input.size()) {
-    return InvalidArgument(
-        "the data has " + std::to_string(dim_) + " inputs per example but " +
-        (config_.model == "mlp" ? "--mlp_layers starts with " : "--network's input is ") +
-        spec.input.ToString());
-  }
+  PS_RETURN_IF_ERROR(
+      CheckNetworkInput(config_, spec, static_cast<int64_t>(dim_),
+                        std::to_string(train_.rows) + "x" + std::to_string(train_.cols)));
   PS_ASSIGN_OR_RETURN(net_,
                       Network::Create(spec, kernels_.get(), config_.batch_size, config_.seed));
   return Status::Ok();

@@ -13,26 +13,41 @@ std::string Size(size_t n) { return std::to_string(n); }
 }  // namespace
 
 Result<CtrBatch> MakeCtrBatch(const CtrDataset& data, std::span<const int64_t> examples) {
+  const bool variable = data.fields == 0;
+  if (variable && data.id_offsets.size() != static_cast<size_t>(data.count) + 1) {
+    return InvalidArgument("CTR batch: " + std::to_string(data.id_offsets.size()) +
+                           " id offsets for " + std::to_string(data.count) + " examples");
+  }
   CtrBatch b;
   b.examples.assign(examples.begin(), examples.end());
-  const size_t fields = static_cast<size_t>(data.fields);
   for (const int64_t e : examples) {
     if (e < 0 || e >= data.count) {
       return InvalidArgument("CTR batch: example " + std::to_string(e) + " is outside [0, " +
                              std::to_string(data.count) + ")");
     }
-    const uint64_t* ids = data.ids_of(e);
-    b.keys.insert(b.keys.end(), ids, ids + fields);
+    const int64_t begin = data.ids_begin(e);
+    const int64_t end = data.ids_end(e);
+    if (begin < 0 || end < begin || end > static_cast<int64_t>(data.ids.size()) ||
+        (variable && end > static_cast<int64_t>(data.id_values.size()))) {
+      return InvalidArgument("CTR batch: example " + std::to_string(e) + "'s ids [" +
+                             std::to_string(begin) + ", " + std::to_string(end) +
+                             ") are outside the data set's " + std::to_string(data.ids.size()));
+    }
+    b.keys.insert(b.keys.end(), data.ids.begin() + begin, data.ids.begin() + end);
   }
+  // Sort and dedupe: cheaper than a hash map for the few thousand ids of a batch, and the
+  // sorted keys are what a range-sharded table wants anyway.
   std::sort(b.keys.begin(), b.keys.end());
   b.keys.erase(std::unique(b.keys.begin(), b.keys.end()), b.keys.end());
-  b.key_index.reserve(examples.size() * fields);
+  b.offsets.reserve(examples.size() + 1);
+  b.offsets.push_back(0);
   for (const int64_t e : examples) {
-    const uint64_t* ids = data.ids_of(e);
-    for (size_t f = 0; f < fields; ++f) {
-      const auto it = std::lower_bound(b.keys.begin(), b.keys.end(), ids[f]);
+    for (int64_t j = data.ids_begin(e); j < data.ids_end(e); ++j) {
+      const auto it = std::lower_bound(b.keys.begin(), b.keys.end(), data.ids[j]);
       b.key_index.push_back(static_cast<uint32_t>(it - b.keys.begin()));
+      if (variable) b.values.push_back(data.id_values[j]);
     }
+    b.offsets.push_back(static_cast<int64_t>(b.key_index.size()));
   }
   return b;
 }
@@ -51,14 +66,16 @@ Result<std::unique_ptr<WideDeep>> WideDeep::Create(const NetworkSpec& spec, Kern
   }
   if (max_batch < 1) return InvalidArgument("WideDeep: max_batch must be >= 1");
   std::unique_ptr<WideDeep> m(new WideDeep(spec, kernels, max_batch, seed));
-  m->dim_ = spec.layers[0].units;
-  m->fields_ = spec.fields;
-  m->width_ = spec.layers[1].out.size();
   m->has_wide_ = spec.layers.back().kind == LayerKind::kWide;
+  if (!spec.sparse_input) {  // else no embedding, concat or MLP: the wide part alone
+    m->dim_ = spec.layers[0].units;
+    m->fields_ = spec.fields;
+    m->width_ = spec.layers[1].out.size();
+  }
   const size_t end = spec.layers.size() - (m->has_wide_ ? 1 : 0);
   const size_t mb = static_cast<size_t>(max_batch);
   size_t table = 0;
-  for (size_t i = 2; i < end; ++i) {
+  for (size_t i = spec.sparse_input ? end : 2; i < end; ++i) {
     const LayerSpec& l = spec.layers[i];
     PS_ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer, MakeLayer(l));
     PS_RETURN_IF_ERROR(layer->Allocate(kernels, max_batch));
@@ -79,16 +96,46 @@ Result<std::unique_ptr<WideDeep>> WideDeep::Create(const NetworkSpec& spec, Kern
 
 Status WideDeep::Check(const CtrDataset& data, const CtrBatch& batch,
                        const WideDeepParams& p) const {
-  if (data.fields != fields_ || data.dense + int64_t{fields_} * dim_ != width_) {
+  if (spec_.sparse_input
+          ? data.fields != 0 || data.dense != 0
+          : data.fields != fields_ || data.dense + int64_t{fields_} * dim_ != width_) {
     return InvalidArgument("WideDeep: the data has " + std::to_string(data.dense) + " dense and " +
                            std::to_string(data.fields) + " categorical fields, the network " +
                            std::to_string(width_ - int64_t{fields_} * dim_) + " and " +
-                           std::to_string(fields_));
+                           std::to_string(fields_) +
+                           (spec_.sparse_input ? " (input:sparse reads LIBSVM rows)" : ""));
   }
   const size_t keys = batch.keys.size();
-  if (batch.key_index.size() != batch.examples.size() * static_cast<size_t>(fields_)) {
-    return InvalidArgument("WideDeep: key_index has " + Size(batch.key_index.size()) +
-                           " entries, expected examples x fields");
+  const size_t n = batch.examples.size();
+  const size_t entries = batch.key_index.size();
+  if (batch.offsets.size() != n + 1 || batch.offsets.front() != 0 ||
+      batch.offsets.back() != static_cast<int64_t>(entries) ||
+      (!batch.values.empty() && batch.values.size() != entries) ||
+      (fields_ > 0 && entries != n * static_cast<size_t>(fields_))) {
+    return InvalidArgument("WideDeep: the batch's " + Size(entries) + " ids, " +
+                           Size(batch.offsets.size()) + " offsets and " +
+                           Size(batch.values.size()) + " values do not fit its " + Size(n) +
+                           " examples; was it made by MakeCtrBatch from this data?");
+  }
+  if (data.fields == 0 && data.id_offsets.size() != static_cast<size_t>(data.count) + 1) {
+    return InvalidArgument("WideDeep: the data has " + Size(data.id_offsets.size()) +
+                           " id offsets for " + std::to_string(data.count) + " examples");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t e = batch.examples[i];
+    if (e < 0 || e >= data.count) {
+      return InvalidArgument("WideDeep: example " + std::to_string(e) + " is outside [0, " +
+                             std::to_string(data.count) + ")");
+    }
+    // Each example's ids, as many as the data gives it: a batch of other data is refused.
+    if (batch.offsets[i + 1] < batch.offsets[i] ||
+        batch.offsets[i + 1] - batch.offsets[i] != data.ids_end(e) - data.ids_begin(e)) {
+      return InvalidArgument("WideDeep: the batch gives example " + std::to_string(e) + " " +
+                             std::to_string(batch.offsets[i + 1] - batch.offsets[i]) +
+                             " ids, the data " +
+                             std::to_string(data.ids_end(e) - data.ids_begin(e)) +
+                             "; was the batch made from this data?");
+    }
   }
   for (const uint32_t k : batch.key_index) {
     if (k >= keys) return InvalidArgument("WideDeep: a key_index entry is out of range");
@@ -104,40 +151,51 @@ Status WideDeep::Check(const CtrDataset& data, const CtrBatch& batch,
 
 Status WideDeep::Forward(const CtrDataset& data, const CtrBatch& batch, const WideDeepParams& p,
                          size_t begin, int n, bool training) {
-  const size_t d = static_cast<size_t>(dim_);
-  const size_t fields = static_cast<size_t>(fields_);
-  const size_t width = static_cast<size_t>(width_);
-  // The concat: each field's embedding row, then the dense features.
   for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
-    const int64_t e = batch.examples[begin + i];
-    float* x = x_.data() + i * width;
-    const uint32_t* ki = batch.key_index.data() + (begin + i) * fields;
-    for (size_t f = 0; f < fields; ++f)
-      std::memcpy(x + f * d, &p.emb[ki[f] * d], d * sizeof(float));
-    std::memcpy(x + fields * d, data.values_of(e), static_cast<size_t>(data.dense) * sizeof(float));
-    y_[i] = data.labels[static_cast<size_t>(e)];
+    y_[i] = data.labels[static_cast<size_t>(batch.examples[begin + i])];
   }
-  const LayerBatch lb{n, training, seed_ + steps_};
-  const float* in = x_.data();
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const size_t nt = layers_[l]->spec().tables.size();
-    const std::span<const float* const> params(p.mlp.data() + first_table_[l], nt);
-    PS_RETURN_IF_ERROR(layers_[l]
-                           ->Forward(lb, params, in, act_[l].data())
-                           .WithContext("layer " + std::to_string(layers_[l]->spec().index) + " (" +
-                                        layers_[l]->spec().text + ")"));
-    in = act_[l].data();
+  const float* deep = nullptr;  // the deep part's logits; none for input:sparse
+  if (!spec_.sparse_input) {
+    Concat(data, batch, p, begin, n);
+    const LayerBatch lb{n, training, seed_ + steps_};
+    deep = x_.data();
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const size_t nt = layers_[l]->spec().tables.size();
+      const std::span<const float* const> params(p.mlp.data() + first_table_[l], nt);
+      PS_RETURN_IF_ERROR(layers_[l]
+                             ->Forward(lb, params, deep, act_[l].data())
+                             .WithContext("layer " + std::to_string(layers_[l]->spec().index) +
+                                          " (" + layers_[l]->spec().text + ")"));
+      deep = act_[l].data();
+    }
   }
   for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
-    float z = in[i];
+    float z = deep != nullptr ? deep[i] : 0.0f;
     if (has_wide_) {
       z += p.wide_bias;
-      const uint32_t* ki = batch.key_index.data() + (begin + i) * fields;
-      for (size_t f = 0; f < fields; ++f) z += p.wide[ki[f]];
+      for (int64_t j = batch.offsets[begin + i]; j < batch.offsets[begin + i + 1]; ++j) {
+        z += p.wide[batch.key_index[j]] * (batch.values.empty() ? 1.0f : batch.values[j]);
+      }
     }
     logit_[i] = z;
   }
   return Status::Ok();
+}
+
+void WideDeep::Concat(const CtrDataset& data, const CtrBatch& batch, const WideDeepParams& p,
+                      size_t begin, int n) {
+  const size_t d = static_cast<size_t>(dim_);
+  const size_t fields = static_cast<size_t>(fields_);
+  const size_t width = static_cast<size_t>(width_);
+  // Each field's embedding row, then the dense features.
+  for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+    float* x = x_.data() + i * width;
+    const uint32_t* ki = batch.key_index.data() + batch.offsets[begin + i];
+    for (size_t f = 0; f < fields; ++f)
+      std::memcpy(x + f * d, &p.emb[ki[f] * d], d * sizeof(float));
+    std::memcpy(x + fields * d, data.values_of(batch.examples[begin + i]),
+                static_cast<size_t>(data.dense) * sizeof(float));
+  }
 }
 
 Status WideDeep::Backward(const CtrBatch& batch, const WideDeepParams& p, const WideDeepGrads& g,
@@ -145,8 +203,10 @@ Status WideDeep::Backward(const CtrBatch& batch, const WideDeepParams& p, const 
   const size_t d = static_cast<size_t>(dim_);
   const size_t fields = static_cast<size_t>(fields_);
   const size_t width = static_cast<size_t>(width_);
-  // dlogit_ is the gradient of the deep part's output and of the wide sum alike.
-  std::memcpy(dact_.back().data(), dlogit_.data(), static_cast<size_t>(n) * sizeof(float));
+  if (!layers_.empty()) {
+    // dlogit_ is the gradient of the deep part's output and of the wide sum alike.
+    std::memcpy(dact_.back().data(), dlogit_.data(), static_cast<size_t>(n) * sizeof(float));
+  }
   const LayerBatch lb{n, true, seed_ + steps_};
   for (size_t l = layers_.size(); l-- > 0;) {
     const size_t nt = layers_[l]->spec().tables.size();
@@ -162,12 +222,16 @@ Status WideDeep::Backward(const CtrBatch& batch, const WideDeepParams& p, const 
   std::fill(g.wide.begin(), g.wide.end(), 0.0f);
   float bias = 0;
   for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
-    const uint32_t* ki = batch.key_index.data() + i * fields;
+    const uint32_t* ki = batch.key_index.data() + batch.offsets[i];
     const float* dx = dx_.data() + i * width;
     for (size_t f = 0; f < fields; ++f) {
       float* row = &g.emb[ki[f] * d];
       for (size_t j = 0; j < d; ++j) row[j] += dx[f * d + j];
-      if (has_wide_) g.wide[ki[f]] += dlogit_[i];
+    }
+    if (has_wide_) {
+      for (int64_t j = batch.offsets[i]; j < batch.offsets[i + 1]; ++j) {
+        g.wide[batch.key_index[j]] += dlogit_[i] * (batch.values.empty() ? 1.0f : batch.values[j]);
+      }
     }
     bias += dlogit_[i];
   }

@@ -5,6 +5,10 @@
 //   wide:  + wide.bias + sum over fields of wide.weight[id_f]        (when --network has wide)
 //   loss:  sigmoid cross-entropy of the sum
 //
+// With input:sparse (LIBSVM rows: any number of id:value features an example) there is no
+// deep part: the logit is wide.bias + sum of wide.weight[id] * value, sparse logistic
+// regression (--model=sparse_lr).
+//
 // The embedding rows (table `emb`, width DIM) and wide weights (`wide.weight`, width 1) are
 // rows of sparse server tables keyed by id, so a batch pulls and pushes only the ids it
 // touches (and spilled rows come back from disk on their own); the MLP's tables are dense
@@ -31,19 +35,24 @@
 
 namespace ps {
 
-// The distinct ids of some examples and, per (example, field), which of them it uses.
+// The distinct ids of some examples and, per (example, id), which of them it uses.
 struct CtrBatch {
-  std::vector<uint64_t> keys;       // distinct ids, ascending: the rows to pull and push
-  std::vector<uint32_t> key_index;  // examples x fields: the index in keys of that id
-  std::vector<int64_t> examples;    // indices into the data set
+  std::vector<uint64_t> keys;  // distinct ids, ascending: the rows to pull and push
+  // The examples' ids in batch order, as indices into keys; example i's are the entries
+  // [offsets[i], offsets[i + 1]) (examples x fields in all for CTR data).
+  std::vector<uint32_t> key_index;
+  std::vector<int64_t> offsets;   // examples + 1
+  std::vector<float> values;      // parallel to key_index: LIBSVM's values; empty: each id is 1
+  std::vector<int64_t> examples;  // indices into the data set
 };
 
-// The batch of `examples`. InvalidArgument for an example outside [0, data.count).
+// The batch of `examples` (repeats allowed). InvalidArgument for an example outside
+// [0, data.count) or variable-length data whose offsets do not fit its ids.
 Result<CtrBatch> MakeCtrBatch(const CtrDataset& data, std::span<const int64_t> examples);
 
 // One batch's parameters, as pulled: host memory.
 struct WideDeepParams {
-  std::span<const float> emb;   // keys x DIM
+  std::span<const float> emb;   // keys x DIM (empty for input:sparse)
   std::span<const float> wide;  // keys (empty without a wide layer)
   float wide_bias = 0;
   std::vector<const float*> mlp;  // the MLP layers' tables, in NetworkSpec::Tables() order
@@ -75,7 +84,7 @@ class WideDeep {
   Status Evaluate(const CtrDataset& data, const CtrBatch& batch, const WideDeepParams& p,
                   BatchResult* result, std::vector<float>* scores);
 
-  int dim() const { return dim_; }
+  int dim() const { return dim_; }  // 0 without an embedding (input:sparse)
   bool has_wide() const { return has_wide_; }
   // Float counts of the MLP's tables.
   const std::vector<size_t>& mlp_sizes() const { return mlp_sizes_; }
@@ -87,6 +96,9 @@ class WideDeep {
   // The logits of examples [begin, begin + n) of the batch into logit_ (training: dropout on).
   Status Forward(const CtrDataset& data, const CtrBatch& batch, const WideDeepParams& p,
                  size_t begin, int n, bool training);
+  // The embeddings and dense features of examples [begin, begin + n) into x_.
+  void Concat(const CtrDataset& data, const CtrBatch& batch, const WideDeepParams& p, size_t begin,
+              int n);
   Status Backward(const CtrBatch& batch, const WideDeepParams& p, const WideDeepGrads& g, int n);
 
   const NetworkSpec spec_;

@@ -122,8 +122,73 @@ TEST(NetworkConfigTest, AJobsNetworkComesFromItsModel) {
   EXPECT_EQ(net->input, (ActShape{1, 4, 4}));
   c.model = "sparse_lr";
   Result<NetworkSpec> lr = JobNetwork(c);
-  ASSERT_FALSE(lr.ok());
-  EXPECT_NE(lr.status().message().find("'sparse_lr'"), std::string::npos) << lr.status().message();
+  ASSERT_TRUE(lr.ok()) << lr.status().ToString();
+  EXPECT_TRUE(lr->sparse_input);
+  c.model = "none";
+  Result<NetworkSpec> none = JobNetwork(c);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("'none'"), std::string::npos) << none.status().message();
+}
+
+// Sparse LR is the network input:sparse,wide,sigmoid_ce: the wide part alone, whose tables
+// are --model=sparse_lr's, run by --model=wide_deep.
+TEST(NetworkConfigTest, SparseLrIsTheWidePartOfASparseInput) {
+  Result<NetworkSpec> r = ParseNetwork(kSparseLrNetwork);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->sparse_input);
+  EXPECT_EQ(r->fields, 0);
+  ASSERT_EQ(r->layers.size(), 1u);
+  EXPECT_EQ(r->layers[0].kind, LayerKind::kWide);
+  EXPECT_EQ(r->layers[0].out, (ActShape{1, 1, 1}));
+  EXPECT_EQ(r->loss, LossKind::kSigmoidCe);
+  const std::vector<TableSpec> t = r->Tables();
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].name, "wide.weight");
+  EXPECT_FALSE(t[0].dense());  // keyed by feature id
+  EXPECT_EQ(t[0].width, 1u);
+  EXPECT_EQ(t[1].name, "wide.bias");
+  EXPECT_EQ(t[1].rows, 1u);
+  EXPECT_TRUE(CheckNetworkForModel(*r, "wide_deep").ok());
+  const Status as_network = CheckNetworkForModel(*r, "network");
+  ASSERT_FALSE(as_network.ok());
+  EXPECT_NE(as_network.message().find("input:sparse needs LIBSVM data"), std::string::npos)
+      << as_network.message();
+
+  Result<JobConfig> job =
+      JobConfig::FromFlagMap({{"model", "sparse_lr"}, {"train_data", "data/sparse_lr/train.svm"}});
+  ASSERT_TRUE(job.ok()) << job.status().ToString();
+  ASSERT_EQ(job->table_specs.size(), 2u);
+  EXPECT_EQ(job->table_specs[0].name, "wide.weight");
+  EXPECT_EQ(job->table_specs[1].name, "wide.bias");
+  Result<JobConfig> same = JobConfig::FromFlagMap({{"model", "wide_deep"},
+                                                   {"network", kSparseLrNetwork},
+                                                   {"train_data", "data/sparse_lr/train.svm"}});
+  ASSERT_TRUE(same.ok()) << same.status().ToString();
+  EXPECT_EQ(same->table_specs.size(), 2u);
+  EXPECT_EQ(same->table_specs[0].name, "wide.weight");
+}
+
+TEST(NetworkConfigTest, ASparseInputFeedsOnlyWide) {
+  struct Case {
+    const char* text;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"input:sparse,dense:1,sigmoid_ce",
+       "layer 1 (dense 'dense:1'): follows input:sparse, whose features (id:value, any number an "
+       "example) only wide reads"},
+      {"input:sparse,sigmoid_ce", "layer 1 (sigmoid_ce 'sigmoid_ce'): follows input:sparse"},
+      {"input:sparse,embedding:8,concat,dense:1,sigmoid_ce",
+       "layer 1 (embedding 'embedding:8'): follows input:sparse"},
+      {"input:sparse:fields=3,wide,sigmoid_ce", "input:sparse takes no fields"},
+      {"input:sparse,wide,softmax_ce", "is not a flat vector of >= 2 classes"},
+      {"input:sparse,wide", "no loss after layer 1"},
+      {"input:sparsely,wide,sigmoid_ce", "SHAPE = 'sparsely'"},
+  };
+  for (const Case& c : cases) {
+    const std::string e = ErrorOf(c.text);
+    EXPECT_NE(e.find(c.message), std::string::npos) << c.text << "\n" << e;
+  }
 }
 
 TEST(NetworkConfigTest, AnUnknownKindIsNamedWithItsPosition) {

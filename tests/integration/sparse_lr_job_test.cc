@@ -1,6 +1,7 @@
 // Sparse logistic regression end to end: ps_make_sparse_data writes a LIBSVM data set from
 // a known ground truth (100k features), configs/sparse_lr.flags trains it through
-// scripts/launch_local.sh, and the model must recover the truth well above chance.
+// scripts/launch_local.sh, and the model must recover the truth well above chance; the same
+// network written out (--model=wide_deep --network=input:sparse,wide,sigmoid_ce) trains alike.
 #include <gtest/gtest.h>
 
 #include "tests/integration/job_test_util.h"
@@ -37,6 +38,18 @@ TEST(SparseLrJobTest, RecoversTheGroundTruthThroughTheParameterServer) {
   for (const json& server : s["servers"]) rows += server.value("rows_held", uint64_t{0});
   EXPECT_GT(rows, 1000u);
   EXPECT_LE(rows, 100001u);
+
+  // --model=sparse_lr is shorthand for this network.
+  auto same = itest::RunLaunchLocal(
+      {itest::SourceDir() + "/configs/sparse_lr.flags", "--servers", "2", "--workers", "2", "--",
+       "--model=wide_deep", "--network=input:sparse,wide,sigmoid_ce",
+       "--train_data=" + dir.Join("train.svm"), "--test_data=" + dir.Join("test.svm"), "--epochs=2",
+       "--chunk_examples=4096"},
+      dir.Join("run_network"), dir.Join("launch_network.log"), std::chrono::seconds(120));
+  ASSERT_NO_FATAL_FAILURE(itest::ExpectFinishedOk(same));
+  // Two asynchronous workers: close, not bit for bit.
+  EXPECT_NEAR(same->summary.value("test_auc", 0.0), s.value("test_auc", 0.0), 0.01)
+      << same->summary.dump();
 }
 
 }  // namespace

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "worker/auc.h"
 #include "worker/sparse_data_gen.h"
-#include "worker/sparse_lr.h"
 
 namespace ps {
 namespace {
@@ -60,7 +60,7 @@ TEST(CtrDataGenTest, EachFieldDrawsFromItsOwnRangeWithZipfSkew) {
   for (int f = 0; f < 26; ++f) {
     const uint64_t end = first + static_cast<uint64_t>(gen->vocab(f));
     for (int64_t e = 0; e < d.count; ++e) {
-      const uint64_t id = d.ids_of(e)[f];
+      const uint64_t id = d.ids[d.ids_begin(e) + f];
       ASSERT_GE(id, first) << "field " << f;
       ASSERT_LT(id, end) << "field " << f;
       if (f == 25) ++last_field[id];

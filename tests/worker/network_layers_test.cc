@@ -336,5 +336,28 @@ TEST(NetworkLayersTest, BadBatchesAreRefused) {
   EXPECT_NE(s.message().find("got 1 parameter tensors"), std::string::npos) << s.ToString();
 }
 
+// Data whose examples do not fill the network's input is refused, naming the setting the
+// job wrote (--mlp_layers for the MLP, --network otherwise) and both sizes.
+TEST(NetworkLayersTest, DataOfAnotherWidthIsRefusedNamingTheJobsSetting) {
+  JobConfig c;
+  c.model = "mlp";
+  c.mlp_layers = "784,10";
+  Result<NetworkSpec> mlp = JobNetwork(c);
+  ASSERT_TRUE(mlp.ok()) << mlp.status().ToString();
+  EXPECT_TRUE(CheckNetworkInput(c, *mlp, 784, "28x28").ok());
+  Status s = CheckNetworkInput(c, *mlp, 1024, "32x32");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("the data has 1024 inputs per example (32x32) but --mlp_layers "
+                             "starts with 784"),
+            std::string::npos)
+      << s.message();
+  c.model = "network";
+  c.network = "input:1x28x28,flatten,dense:10,softmax_ce";
+  Result<NetworkSpec> net = JobNetwork(c);
+  ASSERT_TRUE(net.ok()) << net.status().ToString();
+  s = CheckNetworkInput(c, *net, 1024, "32x32");
+  EXPECT_NE(s.message().find("--network's input is 1x28x28"), std::string::npos) << s.message();
+}
+
 }  // namespace
 }  // namespace ps

@@ -1,8 +1,8 @@
-// Sparse logistic regression against a double-precision reference (loss and
-// finite-difference gradients), AUC on cases worked by hand, bad input, the synthetic data
-// generator, and an end-to-end check that plain SGD recovers a model from generated data
-// written to and read back from LIBSVM files.
-#include "worker/sparse_lr.h"
+// Sparse logistic regression, the network kSparseLrNetwork (input:sparse,wide,sigmoid_ce)
+// on LIBSVM rows, against a double-precision reference (loss and finite-difference
+// gradients), AUC on cases worked by hand, bad input, the synthetic data generator, and an
+// end-to-end check that plain SGD recovers a model from generated data written to and read
+// back from LIBSVM files.
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -19,16 +19,21 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/network_config.h"
+#include "kernels/kernels.h"
+#include "worker/auc.h"
+#include "worker/ctr_data.h"
 #include "worker/libsvm_reader.h"
 #include "worker/sparse_data_gen.h"
+#include "worker/wide_deep.h"
 
 namespace ps {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A data set from (label, {id, value}...) rows.
-SparseDataset MakeData(
+// A data set from (label, {id, value}...) rows, as a job loads LIBSVM rows.
+CtrDataset MakeData(
     const std::vector<std::pair<int32_t, std::vector<std::pair<uint64_t, float>>>>& rows) {
   SparseDataset d;
   d.offsets.push_back(0);
@@ -41,17 +46,52 @@ SparseDataset MakeData(
     d.offsets.push_back(static_cast<int64_t>(d.features.size()));
     ++d.count;
   }
-  return d;
+  Result<CtrDataset> c = CtrFromLibsvm(std::move(d));
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : CtrDataset{};
 }
 
+CtrBatch Batch(const CtrDataset& d, std::span<const int64_t> examples) {
+  Result<CtrBatch> b = MakeCtrBatch(d, examples);
+  EXPECT_TRUE(b.ok()) << b.status().ToString();
+  return b.ok() ? std::move(b).value() : CtrBatch{};
+}
+
+// The sparse LR network on the CPU backend, called as the job's model calls it.
+class SparseLr {
+ public:
+  SparseLr() {
+    Result<std::unique_ptr<Kernels>> k = MakeKernels("cpu");
+    EXPECT_TRUE(k.ok());
+    kernels_ = std::move(k).value();
+    Result<NetworkSpec> spec = ParseNetwork(kSparseLrNetwork);
+    EXPECT_TRUE(spec.ok()) << spec.status().ToString();
+    Result<std::unique_ptr<WideDeep>> net = WideDeep::Create(*spec, kernels_.get(), 4096, 1);
+    EXPECT_TRUE(net.ok()) << net.status().ToString();
+    net_ = std::move(net).value();
+  }
+  Status Train(const CtrDataset& d, const CtrBatch& b, std::span<const float> w, float bias,
+               std::span<float> grads, float* bias_grad, BatchResult* r) {
+    return net_->ForwardBackward(d, b, {{}, w, bias, {}}, {{}, grads, bias_grad, {}}, r);
+  }
+  Status Evaluate(const CtrDataset& d, const CtrBatch& b, std::span<const float> w, float bias,
+                  BatchResult* r, std::vector<float>* scores) {
+    return net_->Evaluate(d, b, {{}, w, bias, {}}, r, scores);
+  }
+
+ private:
+  std::unique_ptr<Kernels> kernels_;
+  std::unique_ptr<WideDeep> net_;
+};
+
 // The mean log loss in double, straight from the definition, weights by id.
-double ReferenceMeanLoss(const SparseDataset& d, const std::vector<int64_t>& examples,
+double ReferenceMeanLoss(const CtrDataset& d, const std::vector<int64_t>& examples,
                          const std::map<uint64_t, double>& w, double bias) {
   double sum = 0;
   for (const int64_t e : examples) {
     double z = bias;
-    for (int64_t f = d.offsets[e]; f < d.offsets[e + 1]; ++f) {
-      z += w.at(d.features[f]) * d.values[f];
+    for (int64_t f = d.ids_begin(e); f < d.ids_end(e); ++f) {
+      z += w.at(d.ids[f]) * d.id_values[f];
     }
     const double p = 1.0 / (1.0 + std::exp(-z));
     sum += d.labels[e] == 1 ? -std::log(p) : -std::log(1.0 - p);
@@ -60,20 +100,28 @@ double ReferenceMeanLoss(const SparseDataset& d, const std::vector<int64_t>& exa
 }
 
 TEST(SparseBatchTest, KeysAreSortedDistinctAndIndexed) {
-  const SparseDataset d = MakeData({{1, {{30, 1}, {10, 1}}},
-                                    {0, {{20, 1}, {30, 2}, {30, 3}}},  // a repeated id
-                                    {1, {}},
-                                    {0, {{99, 1}}}});
+  const CtrDataset d = MakeData({{1, {{30, 1}, {10, 1}}},
+                                 {0, {{20, 1}, {30, 2}, {30, 3}}},  // a repeated id
+                                 {1, {}},
+                                 {0, {{99, 1}}}});
   const std::vector<int64_t> examples = {1, 0, 2, 1};  // example 3 left out, 1 twice
-  const SparseBatch b = MakeSparseBatch(d, examples);
+  const CtrBatch b = Batch(d, examples);
   EXPECT_EQ(b.keys, (std::vector<uint64_t>{10, 20, 30}));
   EXPECT_EQ(b.examples, examples);
   // Example 1 (20 30 30), example 0 (30 10), example 2 (), example 1 again.
   EXPECT_EQ(b.key_index, (std::vector<uint32_t>{1, 2, 2, 2, 0, 1, 2, 2}));
+  EXPECT_EQ(b.offsets, (std::vector<int64_t>{0, 3, 5, 5, 8}));
+  EXPECT_EQ(b.values, (std::vector<float>{1, 2, 3, 1, 1, 1, 2, 3}));
 
-  const SparseBatch empty = MakeSparseBatch(d, {});
+  const CtrBatch empty = Batch(d, {});
   EXPECT_TRUE(empty.keys.empty());
   EXPECT_TRUE(empty.key_index.empty());
+  EXPECT_EQ(empty.offsets, (std::vector<int64_t>{0}));
+  // An example outside the data set is refused by name.
+  Result<CtrBatch> far = MakeCtrBatch(d, std::vector<int64_t>{0, 4});
+  ASSERT_FALSE(far.ok());
+  EXPECT_NE(far.status().message().find("example 4 is outside [0, 4)"), std::string::npos)
+      << far.status().message();
 }
 
 TEST(SparseLrTest, GradientsMatchFiniteDifferences) {
@@ -87,11 +135,12 @@ TEST(SparseLrTest, GradientsMatchFiniteDifferences) {
     for (int j = 0; j < n; ++j) f.push_back({id(rng) * 1'000'003, value(rng)});
     rows.push_back({static_cast<int32_t>(rng() % 2), f});
   }
-  const SparseDataset d = MakeData(rows);
+  const CtrDataset d = MakeData(rows);
   std::vector<int64_t> examples;
   for (int i = 0; i < 30; ++i) examples.push_back((i * 7) % 30);
   examples.push_back(3);  // a repeat counts twice
-  const SparseBatch b = MakeSparseBatch(d, examples);
+  const CtrBatch b = Batch(d, examples);
+  SparseLr lr;
 
   std::normal_distribution<float> normal(0, 0.7f);
   std::vector<float> w(b.keys.size());
@@ -101,7 +150,7 @@ TEST(SparseLrTest, GradientsMatchFiniteDifferences) {
   float bias_grad = 123.0f;
   BatchResult result;
   result.loss_sum = 1.0;  // added to, not overwritten
-  ASSERT_TRUE(SparseLrForwardBackward(d, b, w, bias, grads, &bias_grad, &result).ok());
+  ASSERT_TRUE(lr.Train(d, b, w, bias, grads, &bias_grad, &result).ok());
 
   std::map<uint64_t, double> wd;
   for (size_t k = 0; k < w.size(); ++k) wd[b.keys[k]] = w[k];
@@ -126,25 +175,26 @@ TEST(SparseLrTest, GradientsMatchFiniteDifferences) {
                               (2 * eps);
   EXPECT_NEAR(bias_grad, numeric_bias, 1e-5 + 1e-4 * std::fabs(numeric_bias));
 
-  // Correct counts p >= 0.5 against the label.
+  // Correct counts p > 0.5 against the label.
   int64_t correct = 0;
   for (const int64_t e : examples) {
     double z = bias;
-    for (int64_t f = d.offsets[e]; f < d.offsets[e + 1]; ++f) z += wd[d.features[f]] * d.values[f];
-    correct += (z >= 0) == (d.labels[e] == 1);
+    for (int64_t f = d.ids_begin(e); f < d.ids_end(e); ++f) z += wd[d.ids[f]] * d.id_values[f];
+    correct += (z > 0) == (d.labels[e] == 1);
   }
   EXPECT_EQ(result.correct, correct);
 }
 
 TEST(SparseLrTest, LossIsFiniteForHugeLogits) {
-  const SparseDataset d = MakeData({{0, {{1, 1}}}, {1, {{1, 1}}}, {1, {{2, 1}}}});
+  const CtrDataset d = MakeData({{0, {{1, 1}}}, {1, {{1, 1}}}, {1, {{2, 1}}}});
   const std::vector<int64_t> examples = {0, 1, 2};
-  const SparseBatch b = MakeSparseBatch(d, examples);
+  const CtrBatch b = Batch(d, examples);
   const std::vector<float> w = {1000.0f, -1000.0f};
   std::vector<float> grads(2);
   float bias_grad = 0;
   BatchResult r;
-  ASSERT_TRUE(SparseLrForwardBackward(d, b, w, 0, grads, &bias_grad, &r).ok());
+  SparseLr lr;
+  ASSERT_TRUE(lr.Train(d, b, w, 0, grads, &bias_grad, &r).ok());
   // Example 0 is wrong by a logit of 1000, 1 right by 1000, 2 wrong by 1000.
   EXPECT_TRUE(std::isfinite(r.loss_sum));
   EXPECT_NEAR(r.loss_sum, 2000.0, 1e-6);
@@ -155,17 +205,18 @@ TEST(SparseLrTest, LossIsFiniteForHugeLogits) {
 }
 
 TEST(SparseLrTest, EvaluateMatchesForwardBackwardAndReturnsProbabilities) {
-  const SparseDataset d = MakeData({{1, {{5, 1}, {6, 2}}}, {0, {{6, 1}}}, {1, {}}});
+  const CtrDataset d = MakeData({{1, {{5, 1}, {6, 2}}}, {0, {{6, 1}}}, {1, {}}});
   const std::vector<int64_t> examples = {0, 1, 2};
-  const SparseBatch b = MakeSparseBatch(d, examples);
+  const CtrBatch b = Batch(d, examples);
   const std::vector<float> w = {0.5f, -0.25f};
   const float bias = 0.1f;
   std::vector<float> grads(2);
   float bias_grad = 0;
   BatchResult train, eval;
-  ASSERT_TRUE(SparseLrForwardBackward(d, b, w, bias, grads, &bias_grad, &train).ok());
+  SparseLr lr;
+  ASSERT_TRUE(lr.Train(d, b, w, bias, grads, &bias_grad, &train).ok());
   std::vector<float> scores = {42.0f};  // appended to
-  ASSERT_TRUE(SparseLrEvaluate(d, b, w, bias, &eval, &scores).ok());
+  ASSERT_TRUE(lr.Evaluate(d, b, w, bias, &eval, &scores).ok());
   EXPECT_DOUBLE_EQ(eval.loss_sum, train.loss_sum);
   EXPECT_EQ(eval.correct, train.correct);
   EXPECT_EQ(eval.examples, 3);
@@ -173,57 +224,72 @@ TEST(SparseLrTest, EvaluateMatchesForwardBackwardAndReturnsProbabilities) {
   EXPECT_EQ(scores[0], 42.0f);
   const double z[] = {0.1 + 0.5 - 0.5, 0.1 - 0.25, 0.1};
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(scores[i + 1], 1 / (1 + std::exp(-z[i])), 1e-6);
-  ASSERT_TRUE(SparseLrEvaluate(d, b, w, bias, nullptr, nullptr).ok());
+  ASSERT_TRUE(lr.Evaluate(d, b, w, bias, nullptr, nullptr).ok());
 
   // An empty batch: zero gradients, no change to the result.
-  const SparseBatch none = MakeSparseBatch(d, {});
+  const CtrBatch none = Batch(d, {});
   BatchResult untouched;
   float g = 5;
-  ASSERT_TRUE(SparseLrForwardBackward(d, none, {}, bias, {}, &g, &untouched).ok());
+  ASSERT_TRUE(lr.Train(d, none, {}, bias, {}, &g, &untouched).ok());
   EXPECT_EQ(g, 0.0f);
   EXPECT_EQ(untouched.examples, 0);
 }
 
 TEST(SparseLrTest, RejectsBadInput) {
-  SparseDataset d = MakeData({{1, {{5, 1}, {6, 2}}}, {0, {{6, 1}}}});
+  CtrDataset d = MakeData({{1, {{5, 1}, {6, 2}}}, {0, {{6, 1}}}});
   const std::vector<int64_t> both = {0, 1};
-  const SparseBatch b = MakeSparseBatch(d, both);
+  const CtrBatch b = Batch(d, both);
   std::vector<float> w(2), grads(2);
   float bias_grad = 0;
   BatchResult r;
+  SparseLr lr;
   const auto code = [](const Status& s) { return s.code(); };
   const StatusCode kBad = StatusCode::kInvalidArgument;
 
   std::vector<float> short_w(1);
-  EXPECT_EQ(code(SparseLrForwardBackward(d, b, short_w, 0, grads, &bias_grad, &r)), kBad);
-  EXPECT_EQ(
-      code(SparseLrForwardBackward(d, b, w, 0, std::span<float>(grads).first(1), &bias_grad, &r)),
-      kBad);
-  EXPECT_EQ(code(SparseLrForwardBackward(d, b, w, 0, grads, nullptr, &r)), kBad);
-  EXPECT_EQ(code(SparseLrEvaluate(d, b, short_w, 0, &r, nullptr)), kBad);
+  EXPECT_EQ(code(lr.Train(d, b, short_w, 0, grads, &bias_grad, &r)), kBad);
+  EXPECT_EQ(code(lr.Train(d, b, w, 0, std::span<float>(grads).first(1), &bias_grad, &r)), kBad);
+  EXPECT_EQ(code(lr.Train(d, b, w, 0, grads, nullptr, &r)), kBad);
+  EXPECT_EQ(code(lr.Evaluate(d, b, short_w, 0, &r, nullptr)), kBad);
 
-  const std::vector<int64_t> out_of_range = {0, 2};
-  const SparseBatch far = MakeSparseBatch(d, out_of_range);
-  std::vector<float> far_w(far.keys.size()), far_g(far.keys.size());
-  EXPECT_EQ(code(SparseLrForwardBackward(d, far, far_w, 0, far_g, &bias_grad, &r)), kBad);
-  EXPECT_EQ(code(SparseLrEvaluate(d, far, far_w, 0, &r, nullptr)), kBad);
+  CtrBatch far = b;
+  far.examples[1] = 2;  // outside the data set
+  EXPECT_EQ(code(lr.Train(d, far, w, 0, grads, &bias_grad, &r)), kBad);
+  EXPECT_EQ(code(lr.Evaluate(d, far, w, 0, &r, nullptr)), kBad);
 
   // A batch made from another data set.
-  const SparseDataset other = MakeData({{1, {{5, 1}}}, {0, {{6, 1}}}});
-  const SparseBatch foreign = MakeSparseBatch(other, both);
-  EXPECT_EQ(code(SparseLrForwardBackward(d, foreign, w, 0, grads, &bias_grad, &r)), kBad);
+  const CtrDataset other = MakeData({{1, {{5, 1}}}, {0, {{6, 1}}}});
+  const CtrBatch foreign = Batch(other, both);
+  EXPECT_EQ(code(lr.Train(d, foreign, w, 0, grads, &bias_grad, &r)), kBad);
 
-  SparseBatch bad_index = b;
+  CtrBatch bad_index = b;
   bad_index.key_index[0] = 7;
-  EXPECT_EQ(code(SparseLrForwardBackward(d, bad_index, w, 0, grads, &bias_grad, &r)), kBad);
+  EXPECT_EQ(code(lr.Train(d, bad_index, w, 0, grads, &bias_grad, &r)), kBad);
 
-  SparseDataset bad_label = d;
+  CtrBatch short_values = b;
+  short_values.values.pop_back();
+  EXPECT_EQ(code(lr.Train(d, short_values, w, 0, grads, &bias_grad, &r)), kBad);
+
+  CtrDataset bad_label = d;
   bad_label.labels[1] = 2;
-  EXPECT_EQ(code(SparseLrForwardBackward(bad_label, b, w, 0, grads, &bias_grad, &r)), kBad);
+  EXPECT_EQ(code(lr.Train(bad_label, b, w, 0, grads, &bias_grad, &r)), kBad);
 
-  SparseDataset truncated = d;
-  truncated.offsets.pop_back();
-  EXPECT_EQ(code(SparseLrEvaluate(truncated, b, w, 0, &r, nullptr)), kBad);
+  CtrDataset truncated = d;
+  truncated.id_offsets.pop_back();
+  EXPECT_EQ(code(lr.Evaluate(truncated, b, w, 0, &r, nullptr)), kBad);
+  EXPECT_FALSE(MakeCtrBatch(truncated, both).ok());
+
+  // Rows the LIBSVM reader would never give are refused when converted.
+  SparseDataset rows;
+  rows.count = 1;
+  rows.offsets = {0, 1};
+  rows.features = {3};
+  rows.values = {1};
+  rows.labels = {2};
+  EXPECT_EQ(code(CtrFromLibsvm(rows).status()), kBad);
+  rows.labels = {1};
+  rows.offsets = {0, 2};
+  EXPECT_EQ(code(CtrFromLibsvm(rows).status()), kBad);
 
   EXPECT_EQ(r.examples, 0);  // no failed call touched the result
 }
@@ -356,10 +422,13 @@ TEST_F(SparseLrRecoveryTest, SgdRecoversAModelFromGeneratedData) {
   ASSERT_TRUE(gen->WriteTruth((dir_ / "truth.txt").string()).ok());
 
   // Hashed ids, as a job with --hash_features would train.
-  Result<SparseDataset> train = LoadLibsvm(train_path, {.hash_features = true});
-  Result<SparseDataset> test = LoadLibsvm(test_path, {.hash_features = true});
-  ASSERT_TRUE(train.ok()) << train.status().ToString();
-  ASSERT_TRUE(test.ok()) << test.status().ToString();
+  Result<SparseDataset> train_rows = LoadLibsvm(train_path, {.hash_features = true});
+  Result<SparseDataset> test_rows = LoadLibsvm(test_path, {.hash_features = true});
+  ASSERT_TRUE(train_rows.ok()) << train_rows.status().ToString();
+  ASSERT_TRUE(test_rows.ok()) << test_rows.status().ToString();
+  Result<CtrDataset> train = CtrFromLibsvm(std::move(train_rows).value());
+  Result<CtrDataset> test = CtrFromLibsvm(std::move(test_rows).value());
+  ASSERT_TRUE(train.ok() && test.ok());
   ASSERT_EQ(train->count, 30'000);
   ASSERT_EQ(test->count, 10'000);
 
@@ -384,17 +453,18 @@ TEST_F(SparseLrRecoveryTest, SgdRecoversAModelFromGeneratedData) {
   for (int64_t i = 0; i < train->count; ++i) order[i] = i;
   std::mt19937 rng(5);
   std::vector<float> w, grads;
+  SparseLr model;
   const auto evaluate = [&](std::vector<float>* scores) {
     std::vector<int64_t> all(test->count);
     for (int64_t i = 0; i < test->count; ++i) all[i] = i;
-    const SparseBatch b = MakeSparseBatch(*test, all);
+    const CtrBatch b = Batch(*test, all);
     w.assign(b.keys.size(), 0.0f);
     for (size_t k = 0; k < b.keys.size(); ++k) {
       if (auto it = table.find(b.keys[k]); it != table.end()) w[k] = it->second;
     }
     BatchResult r;
     scores->clear();
-    EXPECT_TRUE(SparseLrEvaluate(*test, b, w, bias, &r, scores).ok());
+    EXPECT_TRUE(model.Evaluate(*test, b, w, bias, &r, scores).ok());
     return r;
   };
   std::vector<float> scores;
@@ -407,12 +477,12 @@ TEST_F(SparseLrRecoveryTest, SgdRecoversAModelFromGeneratedData) {
     last_epoch = {};
     for (size_t start = 0; start < order.size(); start += batch_size) {
       const size_t n = std::min<size_t>(batch_size, order.size() - start);
-      const SparseBatch b = MakeSparseBatch(*train, std::span(order).subspan(start, n));
+      const CtrBatch b = Batch(*train, std::span(order).subspan(start, n));
       w.resize(b.keys.size());
       grads.resize(b.keys.size());
       for (size_t k = 0; k < b.keys.size(); ++k) w[k] = table[b.keys[k]];  // pull
       float bias_grad = 0;
-      ASSERT_TRUE(SparseLrForwardBackward(*train, b, w, bias, grads, &bias_grad, &last_epoch).ok());
+      ASSERT_TRUE(model.Train(*train, b, w, bias, grads, &bias_grad, &last_epoch).ok());
       for (size_t k = 0; k < b.keys.size(); ++k) table[b.keys[k]] -= lr * grads[k];  // push
       bias -= lr * bias_grad;
     }
