@@ -3,7 +3,8 @@
 // as the raw ZeroMQ echo peer does, so both pay for the same loopback path and cores).
 //
 //   ps_bench [--transport=tcp|ipc] [--shm=auto|off] [--seconds=0.5] [--sizes_mb=1,4,16,64]
-//            [--json=FILE] [--chunk_kb=N]
+//            [--json=FILE] [--chunk_kb=N] [--rounds=N] [--servers=1,2] [--sparse=false]
+//            [--pull=false]
 //   ps_bench --curve=compare [--io_threads=N]   dense push/pull with CURVE vs plain, same run
 //   ps_bench --think_us=N   each request follows N us of busy work on the caller's thread
 //                           (not counted), as in a job, where a worker computes between
@@ -27,11 +28,18 @@
 //
 // Sparse: pulls of 1000 random keys of a 16-float sparse table.
 //
+// Rounds (--rounds=N): each push/pull row is measured N times, each time right after raw
+// ZeroMQ over the path and over TCP, and prints the medians of its GB/s, of raw ZeroMQ's and
+// of the per-round ratios. On a shared machine raw ZeroMQ's own rate moves by 1.5x from one
+// second to the next; a ratio of two figures taken seconds apart moves with it.
+//
 // --json=FILE writes one JSON object per row: mode (push|pull|apply|sparse_pull),
-// size_bytes, servers, path (tcp|ipc|shm|inproc: shm is ipc with --shm=auto), gbps, zmq_gbps,
-// zmq_tcp_gbps, memcpy_gbps, pslite_gbps (where known).
+// size_bytes, servers, path (tcp|ipc|shm|inproc: shm is ipc with --shm=auto), rounds, gbps,
+// zmq_gbps, zmq_tcp_gbps, vs_zmq and vs_zmq_tcp (the median ratios), memcpy_gbps,
+// pslite_gbps (where known).
 #include <gflags/gflags.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -67,6 +75,12 @@ DEFINE_int32(chunk_kb, -1,
              "KVClient chunk size for dense push/pull in KB (KVClientOptions::chunk_bytes); "
              "-1: the client's default, 0: no chunks");
 
+DEFINE_string(servers, "1,2", "server counts of the push and pull rows");
+DEFINE_bool(sparse, true, "also measure sparse pulls");
+DEFINE_int32(rounds, 1,
+             "measurements of each push/pull row, each right after its own raw ZeroMQ ones; "
+             "a row prints the medians (of GB/s and of the per-round ratios)");
+DEFINE_bool(pull, true, "measure dense pulls (false: pushes only, for a profile of one path)");
 DEFINE_int64(think_us, 0,
              "busy microseconds on the calling thread before each request (not counted), as "
              "a worker computes between pulls: the threads a request wakes have gone idle");
@@ -288,7 +302,21 @@ void CompareCurve(const std::vector<int>& sizes) {
   }
 }
 
-void Run(const std::vector<int>& sizes) {
+// One measurement of a row and the raw ZeroMQ figures taken just before it.
+struct Round {
+  double gbps, raw, raw_tcp;
+};
+
+template <typename F>
+double Median(const std::vector<Round>& rounds, F value) {
+  std::vector<double> v;
+  for (const Round& r : rounds) v.push_back(value(r));
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+void Run(const std::vector<int>& sizes, const std::vector<int>& server_counts) {
   if (FLAGS_curve == "compare") return CompareCurve(sizes);
   TransportOptions topt;
   topt.io_threads = FLAGS_io_threads;
@@ -307,37 +335,60 @@ void Run(const std::vector<int>& sizes) {
               "/ps-lite");
   for (int mb : sizes) {
     size_t bytes = static_cast<size_t>(mb) << 20;
-    double raw = RawZmqGbps(raw_t, bytes, FLAGS_transport);
-    double raw_tcp = FLAGS_transport == "tcp" ? raw : RawZmqGbps(raw_t, bytes, "tcp");
-    double copy = MemcpyGbps(bytes);
-    auto print = [&](const char* mode, int servers, double gbps, const std::string& row_path) {
+    const double copy = MemcpyGbps(bytes);
+    // Raw ZeroMQ over this path and over TCP, measured just before the row they compare with.
+    auto raw_pair = [&] {
+      double raw = RawZmqGbps(raw_t, bytes, FLAGS_transport);
+      double raw_tcp = FLAGS_transport == "tcp" ? raw : RawZmqGbps(raw_t, bytes, "tcp");
+      return std::pair{raw, raw_tcp};
+    };
+    // One row: medians over the rounds of its GB/s, of raw ZeroMQ's, and of the per-round
+    // ratios (each measured back to back, so a noisy neighbour moves both sides of a ratio).
+    auto print = [&](const char* mode, int servers, const std::vector<Round>& rounds,
+                     const std::string& row_path) {
+      const double gbps = Median(rounds, [](const Round& r) { return r.gbps; });
+      const double raw = Median(rounds, [](const Round& r) { return r.raw; });
+      const double raw_tcp = Median(rounds, [](const Round& r) { return r.raw_tcp; });
+      const double vs_raw = Median(rounds, [](const Round& r) { return r.gbps / r.raw; });
+      const double vs_tcp = Median(rounds, [](const Round& r) { return r.gbps / r.raw_tcp; });
       const double pslite = PsLiteGbps(mode, mb);
       char vs_pslite[16] = "-";
       if (pslite > 0) std::snprintf(vs_pslite, sizeof(vs_pslite), "%.2f", gbps / pslite);
       std::printf("%-6s %7d %7d %7.2f %8.2f %8.2f %8.2f %9.2f %9.2f %9.2f %9s\n", mode, mb, servers,
-                  gbps, raw, raw_tcp, copy, gbps / raw, gbps / raw_tcp, gbps / copy, vs_pslite);
-      nlohmann::json row = {
-          {"mode", mode}, {"size_bytes", bytes}, {"servers", servers},      {"path", row_path},
-          {"gbps", gbps}, {"zmq_gbps", raw},     {"zmq_tcp_gbps", raw_tcp}, {"memcpy_gbps", copy}};
+                  gbps, raw, raw_tcp, copy, vs_raw, vs_tcp, gbps / copy, vs_pslite);
+      nlohmann::json row = {{"mode", mode},         {"size_bytes", bytes},     {"servers", servers},
+                            {"path", row_path},     {"rounds", rounds.size()}, {"gbps", gbps},
+                            {"zmq_gbps", raw},      {"zmq_tcp_gbps", raw_tcp}, {"vs_zmq", vs_raw},
+                            {"vs_zmq_tcp", vs_tcp}, {"memcpy_gbps", copy}};
       if (pslite > 0) row["pslite_gbps"] = pslite;
       rows.push_back(row);
     };
-    print("apply", 1, ApplyGbps(bytes), "inproc");
-    for (int servers : {1, 2}) {
+    {
+      const auto [raw, raw_tcp] = raw_pair();
+      print("apply", 1, {Round{ApplyGbps(bytes), raw, raw_tcp}}, "inproc");
+    }
+    for (int servers : server_counts) {
       uint64_t table_rows = bytes / (kRowFloats * sizeof(float));
       Cluster c(t, servers,
                 "dense:" + std::to_string(table_rows) + ":" + std::to_string(kRowFloats));
       std::vector<float> buf(table_rows * kRowFloats, 0.0f);
       RowRange all{0, table_rows};
-      double push =
-          Rate([&] { (void)c.client->Wait(c.client->PushRange(0, all, buf)); }) * bytes / 1e9;
-      double pull =
-          Rate([&] { (void)c.client->Wait(c.client->PullRange(0, all, buf)); }) * bytes / 1e9;
+      std::vector<Round> push, pull;
+      for (int round = 0; round < FLAGS_rounds; ++round) {
+        const auto [raw, raw_tcp] = raw_pair();
+        push.push_back(
+            {Rate([&] { (void)c.client->Wait(c.client->PushRange(0, all, buf)); }) * bytes / 1e9,
+             raw, raw_tcp});
+        if (!FLAGS_pull) continue;
+        pull.push_back(
+            {Rate([&] { (void)c.client->Wait(c.client->PullRange(0, all, buf)); }) * bytes / 1e9,
+             raw, raw_tcp});
+      }
       print("push", servers, push, path);
-      print("pull", servers, pull, path);
+      if (FLAGS_pull) print("pull", servers, pull, path);
     }
   }
-  for (int servers : {1, 2}) {
+  for (int servers : FLAGS_sparse ? server_counts : std::vector<int>{}) {
     Cluster c(t, servers, "sparse:sparse:16");
     std::mt19937_64 rng(1);
     std::vector<uint64_t> keys(1000);
@@ -385,6 +436,23 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ps_bench: %s\n", sizes.status().ToString().c_str());
     return 2;
   }
-  ps::Run(*sizes);
+  ps::Result<std::vector<int>> servers = ps::ParseIntList("servers", FLAGS_servers);
+  if (!servers.ok() || servers->empty()) {
+    std::fprintf(stderr, "ps_bench: --servers=%s: expected a list of server counts, such as 1,2\n",
+                 FLAGS_servers.c_str());
+    return 2;
+  }
+  for (int n : *servers) {
+    if (n < 1 || n > 64) {
+      std::fprintf(stderr, "ps_bench: --servers=%s: %d servers, expected 1 to 64\n",
+                   FLAGS_servers.c_str(), n);
+      return 2;
+    }
+  }
+  if (FLAGS_rounds < 1 || FLAGS_rounds > 1000) {
+    std::fprintf(stderr, "ps_bench: --rounds=%d: expected 1 to 1000\n", FLAGS_rounds);
+    return 2;
+  }
+  ps::Run(*sizes, *servers);
   return 0;
 }
