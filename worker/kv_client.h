@@ -109,12 +109,14 @@ struct KVClientOptions {
   // bytes (of fp32 rows; at least one row), each its own request part with its own request
   // id, all in flight at once: the server applies (or copies out) chunk k while this side
   // builds chunk k+1, and the next chunk's bytes travel while one is applied. 0: one part
-  // per server. Default 256 KB: on ps_bench (ipc, shared memory) 256-512 KB chunks gave
-  // the best 1-16 MB pushes and pulls (64 KB: a part's fixed cost shows; 1 MB: a 1 MB
-  // request is one chunk and nothing overlaps). Requests made under a Cork go out together
-  // when it ends, so their chunks do not overlap the encoding. Key-list requests are never
-  // chunked.
-  size_t chunk_bytes = size_t{256} << 10;
+  // per server. Default 512 KB: on ps_bench (ipc, shared memory, --rounds=5, two cores)
+  // 512 KB chunks beat 256 KB on pushes at 1, 4 and 16 MB (1 MB: 3.7-4.0 GB/s against
+  // 3.3-3.5), pulls alike; each part costs the same thread hand-offs and system calls
+  // whatever its size, and on a virtual machine those cost more than the copies (64 KB: the
+  // fixed cost shows; 1 MB: a 1 MB request is one chunk and nothing overlaps). Requests
+  // made under a Cork go out together when it ends, so their chunks do not overlap the
+  // encoding. Key-list requests are never chunked.
+  size_t chunk_bytes = size_t{512} << 10;
 };
 
 struct KVClientStats {
