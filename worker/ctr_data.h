@@ -37,6 +37,16 @@ struct CtrDataset {
   std::vector<int64_t> id_offsets;
   std::vector<float> id_values;
 
+  // A data set of no examples with this shape (a job without test data evaluates none):
+  // with fields == 0 its one offset, as every variable-width data set has count + 1.
+  static CtrDataset Empty(int dense, int fields) {
+    CtrDataset d;
+    d.dense = dense;
+    d.fields = fields;
+    if (fields == 0) d.id_offsets.push_back(0);
+    return d;
+  }
+
   const float* values_of(int64_t e) const { return values.data() + e * dense; }
   int64_t ids_begin(int64_t e) const { return fields > 0 ? e * fields : id_offsets[e]; }
   int64_t ids_end(int64_t e) const { return fields > 0 ? (e + 1) * fields : id_offsets[e + 1]; }

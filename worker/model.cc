@@ -345,10 +345,7 @@ Result<std::unique_ptr<TrainableModel>> LoadModel(const JobConfig& config, Kerne
   if (config.model == "sparse_lr" || config.model == "wide_deep") {
     PS_ASSIGN_OR_RETURN(NetworkSpec spec, JobNetwork(config));
     PS_ASSIGN_OR_RETURN(CtrDataset train, LoadCtrOrLibsvm(config, spec, config.train_data));
-    CtrDataset test;
-    test.dense = static_cast<int>(spec.input.size());
-    test.fields = spec.fields;
-    test.id_offsets.assign(spec.sparse_input ? 1 : 0, 0);
+    CtrDataset test = CtrDataset::Empty(static_cast<int>(spec.input.size()), spec.fields);
     if (!config.test_data.empty()) {
       PS_ASSIGN_OR_RETURN(test, LoadCtrOrLibsvm(config, spec, config.test_data));
     }

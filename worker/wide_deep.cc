@@ -35,6 +35,9 @@ Result<CtrBatch> MakeCtrBatch(const CtrDataset& data, std::span<const int64_t> e
     }
     b.keys.insert(b.keys.end(), data.ids.begin() + begin, data.ids.begin() + end);
   }
+  // One key_index entry (and value) per id gathered, before the dedupe shrinks the count.
+  b.key_index.reserve(b.keys.size());
+  if (variable) b.values.reserve(b.keys.size());
   // Sort and dedupe: cheaper than a hash map for the few thousand ids of a batch, and the
   // sorted keys are what a range-sharded table wants anyway.
   std::sort(b.keys.begin(), b.keys.end());
