@@ -111,6 +111,7 @@ json ServerToJson(const ServerSummary& s) {
   Put(j, "state", s.state);
   Put(j, "served_by", s.served_by);
   Put(j, "error", s.error);
+  Put(j, "before_loss", s.before_loss);
   return j;
 }
 
@@ -126,6 +127,7 @@ ServerSummary ServerFromJson(const json& j) {
   Get(j, "state", &s.state);
   Get(j, "served_by", &s.served_by);
   Get(j, "error", &s.error);
+  Get(j, "before_loss", &s.before_loss);
   return s;
 }
 

@@ -108,6 +108,10 @@ struct ServerSummary {
   std::optional<std::string> state;        // "lost": failed over or dead
   std::optional<int> served_by;            // lost: who serves its shards (-1: nobody)
   std::optional<std::string> error;        // it did not shut down cleanly
+  // A server that was lost (failed over, or dead and then replaced or restarted): its
+  // counters as it last reported them before the loss, and when ("seconds" into training).
+  // Its final counters died with it; these are the lower bound the job knows.
+  std::optional<nlohmann::json> before_loss;
 };
 
 // What a checkpoint restore started from.

@@ -332,6 +332,19 @@ ServerCounters CountersFrom(wire::ServerStats::Reader st) {
   return c;
 }
 
+// What a lost server last reported (server/server_node.h: ServerStatusJson): its counters
+// and when. The report came from the network and passed ParseServerReport; only its known
+// counters are copied, as they are.
+nlohmann::json BeforeLoss(const ServerLive& last) {
+  nlohmann::json j = {{"seconds", last.time}};
+  for (const char* key : {"pushes", "pushes_rejected", "pulls", "bytes_pushed", "bytes_pulled",
+                          "rows", "rows_in_memory", "rows_spilled", "cache_hits", "cache_misses",
+                          "checkpoint_clock", "clock"}) {
+    if (last.report.contains(key)) j[key] = last.report[key];
+  }
+  return j;
+}
+
 }  // namespace
 
 Status Failover::ShutdownServers(std::vector<ServerSummary>* out) {
@@ -341,6 +354,10 @@ Status Failover::ShutdownServers(std::vector<ServerSummary>* out) {
     ServerSummary entry;
     entry.id = s;
     entry.endpoint = servers[s].endpoint;
+    if (auto lost = lost_live_.find(static_cast<int>(s));
+        lost != lost_live_.end() && lost->second.report.is_object()) {
+      entry.before_loss = BeforeLoss(lost->second);
+    }
     if (servers[s].dead) {
       // Failed over, or dead and never replaced: its counters died with it.
       entry.state = "lost";

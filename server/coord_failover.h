@@ -106,7 +106,10 @@ class Failover {
   nlohmann::json StateJson() const;
   void RestoreState(const nlohmann::json& state);
 
-  // Shuts every live server down; the summary's server entries. The first error, if any.
+  // Shuts every live server down; the summary's server entries (a server lost during the
+  // job, whatever became of it, with the counters of its last report before the loss: only
+  // those this coordinator saw, not those before a coordinator restart). The first error,
+  // if any.
   Status ShutdownServers(std::vector<ServerSummary>* out);
 
  private:

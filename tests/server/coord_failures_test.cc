@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include "common/transport.h"
 #include "server/coord_failover.h"
+#include "server/coord_membership.h"
 
 namespace ps {
 namespace {
@@ -115,6 +117,45 @@ TEST(CoordFailures, JoinsAreListed) {
   FailureLog log;
   log.AddJoin({3, 77, "h2", 9.5});
   EXPECT_EQ(log.JoinsJson(), json::parse(R"([{"worker":3,"pid":77,"host":"h2","time":9.5}])"));
+}
+
+// A lost server's counters died with it; summary.json keeps what it last reported.
+TEST(CoordFailures, ALostServersLastCountersAreInTheSummary) {
+  MembershipOptions o;
+  o.num_servers = 2;
+  o.num_workers = 1;
+  Membership members(o);
+  for (int s = 0; s < 2; ++s) {
+    Member m;
+    m.peer = "s" + std::to_string(s);
+    m.endpoint = "ipc:///tmp/ps-failover-test-" + std::to_string(s);
+    ASSERT_TRUE(members.AddServer(m).ok());
+    members.servers()[static_cast<size_t>(s)].dead = true;  // neither is contacted
+  }
+  Transport transport;
+  Failover failover(FailoverOptions{}, &transport, &members);
+  ServerLive last;
+  last.Apply(json{{"kind", "server"},
+                  {"server", 0},
+                  {"pushes", 1234},
+                  {"pulls", 1300},
+                  {"bytes_pushed", 5000000},
+                  {"rows", 64},
+                  {"clock", 17},
+                  {"held", json::array()}},
+             42.5);
+  failover.OnServerLost(0, 0, last);
+  failover.OnServerLost(1, 1, ServerLive{});  // lost before its first report
+
+  std::vector<ServerSummary> out;
+  ASSERT_TRUE(failover.ShutdownServers(&out).ok());
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].state, "lost");
+  ASSERT_TRUE(out[0].before_loss.has_value());
+  EXPECT_EQ(*out[0].before_loss, json::parse(R"({"seconds":42.5,"pushes":1234,"pulls":1300,
+      "bytes_pushed":5000000,"rows":64,"clock":17})"));
+  EXPECT_FALSE(out[1].before_loss.has_value());
+  EXPECT_EQ(out[1].state, "lost");
 }
 
 }  // namespace

@@ -81,6 +81,7 @@ class CoordSummaryTest : public ::testing::Test {
     lost.id = 2;
     lost.state = "lost";
     lost.served_by = -1;
+    lost.before_loss = json{{"seconds", 3.5}, {"pushes", 40}};
     in_.servers.push_back(lost);
     in_.examples_per_epoch = {500, 500};
     in_.failures = json::array({{{"kind", "worker_lost"}}});
@@ -195,7 +196,7 @@ TEST_F(CoordSummaryTest, JobSummaryKeys) {
                              "compute_seconds", "batch_size", "examples_per_sec", "failed", "group",
                              "state", "joined", "pushes_lost", "step_seconds", "prefetch"}));
   EXPECT_EQ(j["servers"][2], json::parse(R"({"id":2,"endpoint":"","state":"lost",
-      "served_by":-1})"));
+      "served_by":-1,"before_loss":{"seconds":3.5,"pushes":40}})"));
   EXPECT_EQ(j["servers"][0]["staleness_histogram"], json::parse("[90,9,1]"));
   EXPECT_EQ(j["servers"][0].size(), 23u);  // id, endpoint and 21 counters
 }
