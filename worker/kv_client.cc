@@ -313,42 +313,56 @@ Ticket KVClient::SubmitRange(const Submission& s) {
 
 Ticket KVClient::SubmitKeys(const Submission& s) {
   const std::span<const uint64_t> keys = s.call.keys;
+  const bool push = s.push();
   const size_t width = s.width;
+  // Each server's keys in chunks of at most chunk_bytes of fp32 rows, as range requests.
+  const uint64_t chunk_keys = options_.chunk_bytes == 0
+                                  ? std::numeric_limits<uint64_t>::max()
+                                  : std::max<uint64_t>(1, options_.chunk_bytes / (width * 4));
   std::vector<std::shared_ptr<Part>> parts;
   std::vector<uint64_t> request_ids;  // parallel to parts
-  std::vector<Outgoing> outgoing;     // parallel to parts
   uint64_t payload_bytes = 0;
   for (KeySlice& slice : shard_map_.SplitKeys(s.call.table, keys)) {
-    auto part = s.NewPart(slice.server);
-    uint64_t rid = next_request_id_.fetch_add(1);
-    capnp::MallocMessageBuilder b;
-    s.EncodeHeader(b, rid, slice.server, /*more_chunks=*/false)
-        .setListCount(slice.positions.size());
-    Outgoing o{slice.server, {}};
-    o.frames.push_back(EncodeFrame(b));
-    zmq::message_t key_frame(slice.positions.size() * sizeof(uint64_t));
-    uint64_t* kp = static_cast<uint64_t*>(key_frame.data());
-    for (size_t i = 0; i < slice.positions.size(); ++i) kp[i] = keys[slice.positions[i]];
-    o.frames.push_back(std::move(key_frame));
-    if (s.push()) {
-      const size_t row_bytes = width * WireDtypeBytes(options_.wire_dtype);
-      zmq::message_t values = NewPayload(slice.server, slice.positions.size() * row_bytes);
-      char* vp = static_cast<char*>(values.data());
-      for (size_t i = 0; i < slice.positions.size(); ++i) {
-        EncodeFloats(s.call.grads.subspan(slice.positions[i] * width, width), options_.wire_dtype,
-                     vp + i * row_bytes);
-      }
-      payload_bytes += values.size();
-      o.frames.push_back(std::move(values));
+    const size_t n = slice.positions.size();
+    for (size_t begin = 0; begin < n; begin += chunk_keys) {
+      const size_t end = n - begin > chunk_keys ? begin + chunk_keys : n;
+      auto part = s.NewPart(slice.server);
+      part->rows = end - begin;
+      part->more_chunks = push && end < n;
+      part->positions.assign(slice.positions.begin() + static_cast<std::ptrdiff_t>(begin),
+                             slice.positions.begin() + static_cast<std::ptrdiff_t>(end));
+      if (push) payload_bytes += part->rows * width * WireDtypeBytes(options_.wire_dtype);
+      parts.push_back(std::move(part));
+      request_ids.push_back(next_request_id_.fetch_add(1));
     }
-    part->rows = slice.positions.size();
-    part->positions = std::move(slice.positions);
-    parts.push_back(part);
-    request_ids.push_back(rid);
-    outgoing.push_back(std::move(o));
   }
   CountRequest(s.call.kind, payload_bytes);
-  return Enqueue(s.request, std::move(parts), std::move(request_ids), std::move(outgoing));
+  // Registered first, then built and queued chunk by chunk (as SubmitRange).
+  const Ticket ticket = Register(s.request, parts, request_ids);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Part& part = *parts[i];
+    capnp::MallocMessageBuilder b;
+    s.EncodeHeader(b, request_ids[i], part.server, part.more_chunks)
+        .setListCount(part.positions.size());
+    Outgoing o{part.server, {}};
+    o.frames.push_back(EncodeFrame(b));
+    zmq::message_t key_frame(part.positions.size() * sizeof(uint64_t));
+    uint64_t* kp = static_cast<uint64_t*>(key_frame.data());
+    for (size_t k = 0; k < part.positions.size(); ++k) kp[k] = keys[part.positions[k]];
+    o.frames.push_back(std::move(key_frame));
+    if (push) {
+      const size_t row_bytes = width * WireDtypeBytes(options_.wire_dtype);
+      zmq::message_t values = NewPayload(part.server, part.positions.size() * row_bytes);
+      char* vp = static_cast<char*>(values.data());
+      for (size_t k = 0; k < part.positions.size(); ++k) {
+        EncodeFloats(s.call.grads.subspan(part.positions[k] * width, width), options_.wire_dtype,
+                     vp + k * row_bytes);
+      }
+      o.frames.push_back(std::move(values));
+    }
+    Queue(*parts[i], std::move(o));
+  }
+  return ticket;
 }
 
 zmq::message_t KVClient::NewPayload(int server, size_t bytes) {

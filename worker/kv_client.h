@@ -19,8 +19,8 @@
 // Ordering: requests to one server are sent and answered in call order, so a pull issued
 // after a push to the same rows sees that push.
 //
-// Chunks (KVClientOptions::chunk_bytes): a large PushRange/PullRange part is sent as row
-// chunks, each its own request part; the ticket completes when all are answered, retries
+// Chunks (KVClientOptions::chunk_bytes): a large part, of a range or of a key list, is sent
+// as row chunks, each its own request part; the ticket completes when all are answered, retries
 // and deduplication work per chunk. The server counts a chunked push once (its version and
 // push count move with the last chunk, wire Push.moreChunks), so staleness is unchanged.
 // Every chunk is checked on its own (all-or-nothing per chunk): a bad chunk (a NaN) is
@@ -115,7 +115,9 @@ struct KVClientOptions {
   // whatever its size, and on a virtual machine those cost more than the copies (64 KB: the
   // fixed cost shows; 1 MB: a 1 MB request is one chunk and nothing overlaps). Requests
   // made under a Cork go out together when it ends, so their chunks do not overlap the
-  // encoding. Key-list requests are never chunked.
+  // encoding. Key lists are chunked alike (keys of a server's share in call order, at most
+  // chunk_bytes of fp32 rows a chunk), which also keeps a huge batch's request under the
+  // server's RequestLimits.
   size_t chunk_bytes = size_t{512} << 10;
 };
 
@@ -265,7 +267,8 @@ class KVClient {
   // A range call: each server's share in row chunks (see Chunks above), registered first and
   // then built and queued one by one.
   Ticket SubmitRange(const Submission& s);
-  // A key-list call: one part per server, built first and then registered and queued.
+  // A key-list call: each server's keys in chunks, registered first and then built and
+  // queued one by one.
   Ticket SubmitKeys(const Submission& s);
   Ticket Fail(const Status& status, Callback done);
   // A payload frame for a request to `server` (ClientSocket::NewFrame). Any thread.

@@ -631,6 +631,66 @@ TEST(KVClientChunkTest, ChunkedPushesAndPullsMatchUnchunkedOnes) {
   EXPECT_EQ(chunked.stats.bytes_pulled, plain.stats.bytes_pulled);
 }
 
+// Chunked key lists: the same model as one request per server (duplicated keys included,
+// applied in call order), one version and one applied push per server share, and the same
+// bytes.
+TEST(KVClientChunkTest, ChunkedKeyListsMatchUnchunkedOnes) {
+  const JobConfig config = JobConfig::FromFlagMap({{"model", "none"},
+                                                   {"tables", "s:sparse:4:zeros"},
+                                                   {"num_servers", "2"},
+                                                   {"optimizer", "adagrad"},
+                                                   {"base_lr", "0.5"}})
+                               .value();
+  // 300 keys, some twice, spread over both servers, in no order.
+  std::vector<uint64_t> keys;
+  for (uint64_t i = 0; i < 300; ++i) keys.push_back((i * 7919) % 257 + (i % 3) * 100000);
+  struct Outcome {
+    std::vector<float> model;
+    std::vector<uint64_t> versions;
+    KVClientStats stats;
+    uint64_t applied = 0;
+    uint64_t requests = 0;
+  };
+  auto run = [&](size_t chunk_bytes) {
+    Outcome r;
+    Transport t;
+    testing::InProcessCluster cluster(&t, config);
+    KVClientOptions o;
+    o.request_timeout = std::chrono::seconds(20);
+    o.chunk_bytes = chunk_bytes;
+    auto client = KVClient::Create(&t, config, cluster.endpoints(), o).value();
+    const uint64_t first_id = client->next_request_id();
+    std::vector<float> w(keys.size() * 4);
+    for (int step = 0; step < 3; ++step) {
+      EXPECT_TRUE(client->Wait(client->Pull(0, keys, w)).ok());
+      std::vector<float> g(w.size());
+      for (size_t i = 0; i < g.size(); ++i) {
+        g[i] = static_cast<float>((i * 5 + step) % 9) - 4.0f + 0.1f * w[i];
+      }
+      EXPECT_TRUE(client->Wait(client->Push(0, keys, g)).ok());
+    }
+    RequestInfo info;
+    r.model.resize(w.size());
+    EXPECT_TRUE(client->Wait(client->Pull(0, keys, r.model), &info).ok());
+    r.versions = info.versions;
+    r.stats = client->stats();
+    r.requests = client->next_request_id() - first_id;
+    for (int s = 0; s < 2; ++s) r.applied += cluster.core(s).stats().pushes_applied;
+    return r;
+  };
+  const Outcome plain = run(0);
+  const Outcome chunked = run(48);  // 3 rows of 4 floats a chunk: ~50 chunks per server
+  EXPECT_GT(chunked.requests, 10 * plain.requests) << "the chunked run did chunk";
+  EXPECT_EQ(chunked.model, plain.model);
+  EXPECT_NE(plain.model, std::vector<float>(plain.model.size(), 0.0f)) << "the pushes applied";
+  EXPECT_EQ(chunked.versions, plain.versions) << "one version per logical push";
+  EXPECT_EQ(plain.applied, 6u);  // 3 pushes x 2 servers
+  EXPECT_EQ(chunked.applied, 6u);
+  EXPECT_EQ(chunked.stats.staleness_count, plain.stats.staleness_count);
+  EXPECT_EQ(chunked.stats.bytes_pushed, plain.stats.bytes_pushed);
+  EXPECT_EQ(chunked.stats.bytes_pulled, plain.stats.bytes_pulled);
+}
+
 // A NaN in one chunk: that chunk is refused (nothing of it applied), the ticket reports the
 // error, the other chunks are applied.
 TEST_F(KVClientTest, ABadChunkIsRefusedAloneAndReported) {
