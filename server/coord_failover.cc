@@ -43,6 +43,18 @@ int Failover::ServedBy(int s) const {
   return members_->servers()[static_cast<size_t>(s)].dead ? -1 : s;
 }
 
+nlohmann::json Failover::StatusOf(int s) const {
+  const int by = ServedBy(s);
+  nlohmann::json j = {{"state", by == s ? "serving" : "lost"}};
+  if (by != s) j["served_by"] = by;
+  nlohmann::json serves = nlohmann::json::array();
+  for (const auto& [dead, backup] : promoted_) {
+    if (backup == s && dead != s) serves.push_back(dead);
+  }
+  if (!serves.empty()) j["serves_for"] = serves;
+  return j;
+}
+
 std::vector<std::pair<uint32_t, std::string>> Failover::Redirects() const {
   std::vector<std::pair<uint32_t, std::string>> list;
   const std::vector<Member>& servers = members_->servers();

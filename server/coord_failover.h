@@ -65,6 +65,10 @@ class Failover {
   // The live server that serves server `s`'s shards: s itself, its promoted backup, or -1
   // when they are lost.
   int ServedBy(int s) const;
+  // Server `s` for ps_status: {"state": "serving" | "lost", "served_by": the live server
+  // serving its shards (lost ones; -1: nobody), "serves_for": the lost servers whose shards
+  // it serves (a promoted backup)}.
+  nlohmann::json StatusOf(int s) const;
   // Where the dead servers' shards are served now, for the workers: (id, endpoint).
   std::vector<std::pair<uint32_t, std::string>> Redirects() const;
   bool any_redirects() const { return !promoted_.empty() || !replaced_.empty(); }

@@ -119,7 +119,10 @@ std::optional<DecodedHeader> CoordinatorJob::Decode(Incoming& in) {
 // Answers a status request. An asker that left (ps_status gave up) changes nothing.
 void CoordinatorJob::ReplyStatus(const std::string& peer, uint64_t rid) {
   capnp::MallocMessageBuilder b;
-  const json st = progress_.StatusJson(members_, failures_.ToJson(), Elapsed());
+  json st = progress_.StatusJson(members_, failures_.ToJson(), Elapsed());
+  for (json& server : st["servers"]) {
+    server.update(failover_.StatusOf(server.value("id", -1)));
+  }
   NewHeader(b, rid, -1).getBody().initStatusReply().setJson(st.dump());
   Status s = Send(peer, b);
   if (!s.ok()) LOG(WARNING) << "coordinator: status reply: " << s.ToString();

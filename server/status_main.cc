@@ -60,6 +60,29 @@ std::string Num(const json& j, const char* key, const char* fmt) {
   return buf;
 }
 
+// "serving", "serving +0,2" (a promoted backup, with the lost servers whose shards it
+// serves), "lost -> 1" (failed over to server 1) or "lost" (nobody serves its shards).
+std::string ServerState(const json& s) {
+  // The coordinator's answer is input: a field of another type prints as "?".
+  const json none;
+  const json& st = s.contains("state") ? s["state"] : none;
+  if (!st.is_string()) return "?";
+  std::string state = st.get<std::string>();
+  if (state == "lost") {
+    if (s.contains("served_by") && s["served_by"].is_number_integer() &&
+        s["served_by"].get<int>() >= 0) {
+      state += " -> " + std::to_string(s["served_by"].get<int>());
+    }
+    return state;
+  }
+  const json& serves = s.contains("serves_for") ? s["serves_for"] : none;
+  if (!serves.is_array()) return state;
+  for (size_t i = 0; i < serves.size(); ++i) {
+    state += (i == 0 ? " +" : ",") + (serves[i].is_number() ? serves[i].dump() : "?");
+  }
+  return state;
+}
+
 void PrintTable(const json& st) {
   std::printf("job: %s  epoch %d/%d (%.0f%%)  %s examples  %.1fs  staleness %d\n",
               st.value("phase", "?").c_str(), st.value("epoch", 0), st.value("epochs", 0),
@@ -77,13 +100,14 @@ void PrintTable(const json& st) {
                 Num(w, "wait_seconds", "%.1f").c_str(), 100.0 * w.value("blocked_fraction", 0.0),
                 waits_on >= 0 ? ("worker " + std::to_string(waits_on)).c_str() : "-");
   }
-  std::printf("\n%-6s %-28s %7s %10s %8s %10s %6s\n", "server", "endpoint", "shards", "rows",
-              "spilled", "pushes/s", "queue");
+  std::printf("\n%-6s %-16s %-28s %7s %10s %8s %10s %6s\n", "server", "state", "endpoint", "shards",
+              "rows", "spilled", "pushes/s", "queue");
   for (const json& s : st.value("servers", json::array())) {
-    std::printf("%-6d %-28s %7s %10s %8s %10s %6s\n", s.value("id", -1),
-                s.value("endpoint", "").c_str(), Num(s, "shards", "%.0f").c_str(),
-                Num(s, "rows", "%.0f").c_str(), Num(s, "rows_spilled", "%.0f").c_str(),
-                Num(s, "pushes_per_sec", "%.0f").c_str(), Num(s, "queue_depth", "%.0f").c_str());
+    std::printf("%-6d %-16s %-28s %7s %10s %8s %10s %6s\n", s.value("id", -1),
+                ServerState(s).c_str(), s.value("endpoint", "").c_str(),
+                Num(s, "shards", "%.0f").c_str(), Num(s, "rows", "%.0f").c_str(),
+                Num(s, "rows_spilled", "%.0f").c_str(), Num(s, "pushes_per_sec", "%.0f").c_str(),
+                Num(s, "queue_depth", "%.0f").c_str());
   }
   const json failures = st.value("failures", json::array());
   std::printf("\nfailures: %s\n", failures.empty() ? "none" : "");

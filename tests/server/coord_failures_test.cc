@@ -158,5 +158,29 @@ TEST(CoordFailures, ALostServersLastCountersAreInTheSummary) {
   EXPECT_EQ(out[1].state, "lost");
 }
 
+// ps_status's view of each server: serving, lost (and who serves its shards), and a
+// promoted backup's extra shards.
+TEST(CoordFailures, StatusSaysWhoServesALostServersShards) {
+  MembershipOptions o;
+  o.num_servers = 3;
+  o.num_workers = 1;
+  Membership members(o);
+  for (int s = 0; s < 3; ++s) {
+    Member m;
+    m.peer = "s" + std::to_string(s);
+    m.endpoint = "ipc:///tmp/ps-status-test-" + std::to_string(s);
+    ASSERT_TRUE(members.AddServer(m).ok());
+  }
+  members.servers()[0].dead = true;  // failed over to 1 (below)
+  members.servers()[2].dead = true;  // dead, nobody serves its shards
+  Transport transport;
+  Failover failover(FailoverOptions{}, &transport, &members);
+  failover.RestoreState(
+      json{{"promoted", json::array({json::array({0, 1})})}, {"replaced", json::array()}});
+  EXPECT_EQ(failover.StatusOf(0), json::parse(R"({"state":"lost","served_by":1})"));
+  EXPECT_EQ(failover.StatusOf(1), json::parse(R"({"state":"serving","serves_for":[0]})"));
+  EXPECT_EQ(failover.StatusOf(2), json::parse(R"({"state":"lost","served_by":-1})"));
+}
+
 }  // namespace
 }  // namespace ps
