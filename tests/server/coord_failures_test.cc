@@ -119,19 +119,29 @@ TEST(CoordFailures, JoinsAreListed) {
   EXPECT_EQ(log.JoinsJson(), json::parse(R"([{"worker":3,"pid":77,"host":"h2","time":9.5}])"));
 }
 
-// A lost server's counters died with it; summary.json keeps what it last reported.
-TEST(CoordFailures, ALostServersLastCountersAreInTheSummary) {
+// A membership of `servers` servers (and one worker, never registered).
+MembershipOptions ServersOnly(int servers) {
   MembershipOptions o;
-  o.num_servers = 2;
+  o.num_servers = servers;
   o.num_workers = 1;
-  Membership members(o);
-  for (int s = 0; s < 2; ++s) {
+  return o;
+}
+
+// Registers `n` servers, ids 0 to n-1, at endpoints nobody listens on.
+void AddServers(Membership& members, int n) {
+  for (int s = 0; s < n; ++s) {
     Member m;
     m.peer = "s" + std::to_string(s);
     m.endpoint = "ipc:///tmp/ps-failover-test-" + std::to_string(s);
     ASSERT_TRUE(members.AddServer(m).ok());
-    members.servers()[static_cast<size_t>(s)].dead = true;  // neither is contacted
   }
+}
+
+// A lost server's counters died with it; summary.json keeps what it last reported.
+TEST(CoordFailures, ALostServersLastCountersAreInTheSummary) {
+  Membership members(ServersOnly(2));
+  ASSERT_NO_FATAL_FAILURE(AddServers(members, 2));
+  for (Member& m : members.servers()) m.dead = true;  // neither is contacted
   Transport transport;
   Failover failover(FailoverOptions{}, &transport, &members);
   ServerLive last;
@@ -161,16 +171,8 @@ TEST(CoordFailures, ALostServersLastCountersAreInTheSummary) {
 // ps_status's view of each server: serving, lost (and who serves its shards), and a
 // promoted backup's extra shards.
 TEST(CoordFailures, StatusSaysWhoServesALostServersShards) {
-  MembershipOptions o;
-  o.num_servers = 3;
-  o.num_workers = 1;
-  Membership members(o);
-  for (int s = 0; s < 3; ++s) {
-    Member m;
-    m.peer = "s" + std::to_string(s);
-    m.endpoint = "ipc:///tmp/ps-status-test-" + std::to_string(s);
-    ASSERT_TRUE(members.AddServer(m).ok());
-  }
+  Membership members(ServersOnly(3));
+  ASSERT_NO_FATAL_FAILURE(AddServers(members, 3));
   members.servers()[0].dead = true;  // failed over to 1 (below)
   members.servers()[2].dead = true;  // dead, nobody serves its shards
   Transport transport;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <future>
 #include <limits>
 #include <mutex>
@@ -572,6 +573,49 @@ TEST(KVClientShmTest, ARedirectResendsTheHeldBytesToTheNewServer) {
   EXPECT_EQ(OurShmSegments(), 0);
 }
 
+// What a run of three pull/push steps left, for comparing chunked requests with whole ones.
+struct ChunkOutcome {
+  std::vector<float> model;
+  std::vector<uint64_t> versions;
+  KVClientStats stats;
+  uint64_t applied = 0;   // pushes the servers counted
+  uint64_t requests = 0;  // request ids the client used
+};
+
+// Three steps on a fresh in-process cluster of `config` with these chunks: pull into w,
+// push gradient(w, step) computed from it; then the model as a last pull reads it. `pull`
+// and `push` make the requests (range or key list) of a table of `floats` floats.
+ChunkOutcome RunChunked(
+    const JobConfig& config, size_t chunk_bytes, size_t floats,
+    const std::function<Ticket(KVClient&, std::span<float>)>& pull,
+    const std::function<Ticket(KVClient&, std::span<const float>, const RequestInfo&)>& push,
+    const std::function<float(const std::vector<float>&, size_t, int)>& gradient) {
+  ChunkOutcome r;
+  Transport t;
+  testing::InProcessCluster cluster(&t, config);
+  KVClientOptions o;
+  o.request_timeout = std::chrono::seconds(20);
+  o.chunk_bytes = chunk_bytes;
+  auto client = KVClient::Create(&t, config, cluster.endpoints(), o).value();
+  const uint64_t first_id = client->next_request_id();
+  std::vector<float> w(floats);
+  for (int step = 0; step < 3; ++step) {
+    RequestInfo info;
+    EXPECT_TRUE(client->Wait(pull(*client, w), &info).ok());
+    std::vector<float> g(w.size());
+    for (size_t i = 0; i < g.size(); ++i) g[i] = gradient(w, i, step);
+    EXPECT_TRUE(client->Wait(push(*client, g, info)).ok());
+  }
+  RequestInfo info;
+  r.model.resize(w.size());
+  EXPECT_TRUE(client->Wait(pull(*client, r.model), &info).ok());
+  r.versions = info.versions;
+  r.stats = client->stats();
+  r.requests = client->next_request_id() - first_id;
+  for (int s = 0; s < config.num_servers; ++s) r.applied += cluster.core(s).stats().pushes_applied;
+  return r;
+}
+
 // Chunked range requests (KVClientOptions::chunk_bytes): the same model bytes as unchunked
 // ones, one shard version and one applied push per logical push (staleness unchanged).
 TEST(KVClientChunkTest, ChunkedPushesAndPullsMatchUnchunkedOnes) {
@@ -581,44 +625,21 @@ TEST(KVClientChunkTest, ChunkedPushesAndPullsMatchUnchunkedOnes) {
                                                    {"optimizer", "momentum"},
                                                    {"base_lr", "0.5"}})
                                .value();
-  struct Outcome {
-    std::vector<float> model;
-    std::vector<uint64_t> versions;
-    KVClientStats stats;
-    uint64_t applied = 0;
-    uint64_t requests = 0;
-  };
   auto run = [&](size_t chunk_bytes) {
-    Outcome r;
-    Transport t;
-    testing::InProcessCluster cluster(&t, config);
-    KVClientOptions o;
-    o.request_timeout = std::chrono::seconds(20);
-    o.chunk_bytes = chunk_bytes;
-    auto client = KVClient::Create(&t, config, cluster.endpoints(), o).value();
-    const uint64_t first_id = client->next_request_id();
-    std::vector<float> w(1001 * 5);
-    for (int step = 0; step < 3; ++step) {
-      RequestInfo info;
-      EXPECT_TRUE(client->Wait(client->PullRange(0, RowRange{0, 1001}, w), &info).ok());
-      std::vector<float> g(w.size());
-      for (size_t i = 0; i < g.size(); ++i) {
-        g[i] = static_cast<float>((i * 7 + step * 3) % 11) - 5.0f + 0.01f * w[i];
-      }
-      EXPECT_TRUE(
-          client->Wait(client->PushRange(0, RowRange{0, 1001}, g, nullptr, info.versions)).ok());
-    }
-    RequestInfo info;
-    r.model.resize(w.size());
-    EXPECT_TRUE(client->Wait(client->PullRange(0, RowRange{0, 1001}, r.model), &info).ok());
-    r.versions = info.versions;
-    r.stats = client->stats();
-    r.requests = client->next_request_id() - first_id;
-    for (int s = 0; s < 3; ++s) r.applied += cluster.core(s).stats().pushes_applied;
-    return r;
+    return RunChunked(
+        config, chunk_bytes, 1001 * 5,
+        [](KVClient& c, std::span<float> out) {
+          return c.PullRange(0, RowRange{0, 1001}, out);
+        },
+        [](KVClient& c, std::span<const float> g, const RequestInfo& info) {
+          return c.PushRange(0, RowRange{0, 1001}, g, nullptr, info.versions);
+        },
+        [](const std::vector<float>& w, size_t i, int step) {
+          return static_cast<float>((i * 7 + step * 3) % 11) - 5.0f + 0.01f * w[i];
+        });
   };
-  const Outcome plain = run(0);
-  const Outcome chunked = run(64);  // 3 rows of 5 floats a chunk: ~110 chunks per server
+  const ChunkOutcome plain = run(0);
+  const ChunkOutcome chunked = run(64);  // 3 rows of 5 floats a chunk: ~110 chunks per server
   EXPECT_GT(chunked.requests, 10 * plain.requests) << "the chunked run did chunk";
   EXPECT_EQ(chunked.model, plain.model);
   EXPECT_EQ(plain.versions, std::vector<uint64_t>({3, 3, 3}));
@@ -644,42 +665,19 @@ TEST(KVClientChunkTest, ChunkedKeyListsMatchUnchunkedOnes) {
   // 300 keys, some twice, spread over both servers, in no order.
   std::vector<uint64_t> keys;
   for (uint64_t i = 0; i < 300; ++i) keys.push_back((i * 7919) % 257 + (i % 3) * 100000);
-  struct Outcome {
-    std::vector<float> model;
-    std::vector<uint64_t> versions;
-    KVClientStats stats;
-    uint64_t applied = 0;
-    uint64_t requests = 0;
-  };
   auto run = [&](size_t chunk_bytes) {
-    Outcome r;
-    Transport t;
-    testing::InProcessCluster cluster(&t, config);
-    KVClientOptions o;
-    o.request_timeout = std::chrono::seconds(20);
-    o.chunk_bytes = chunk_bytes;
-    auto client = KVClient::Create(&t, config, cluster.endpoints(), o).value();
-    const uint64_t first_id = client->next_request_id();
-    std::vector<float> w(keys.size() * 4);
-    for (int step = 0; step < 3; ++step) {
-      EXPECT_TRUE(client->Wait(client->Pull(0, keys, w)).ok());
-      std::vector<float> g(w.size());
-      for (size_t i = 0; i < g.size(); ++i) {
-        g[i] = static_cast<float>((i * 5 + step) % 9) - 4.0f + 0.1f * w[i];
-      }
-      EXPECT_TRUE(client->Wait(client->Push(0, keys, g)).ok());
-    }
-    RequestInfo info;
-    r.model.resize(w.size());
-    EXPECT_TRUE(client->Wait(client->Pull(0, keys, r.model), &info).ok());
-    r.versions = info.versions;
-    r.stats = client->stats();
-    r.requests = client->next_request_id() - first_id;
-    for (int s = 0; s < 2; ++s) r.applied += cluster.core(s).stats().pushes_applied;
-    return r;
+    return RunChunked(
+        config, chunk_bytes, keys.size() * 4,
+        [&](KVClient& c, std::span<float> out) { return c.Pull(0, keys, out); },
+        [&](KVClient& c, std::span<const float> g, const RequestInfo&) {
+          return c.Push(0, keys, g);
+        },
+        [](const std::vector<float>& w, size_t i, int step) {
+          return static_cast<float>((i * 5 + step) % 9) - 4.0f + 0.1f * w[i];
+        });
   };
-  const Outcome plain = run(0);
-  const Outcome chunked = run(48);  // 3 rows of 4 floats a chunk: ~50 chunks per server
+  const ChunkOutcome plain = run(0);
+  const ChunkOutcome chunked = run(48);  // 3 rows of 4 floats a chunk: ~50 chunks per server
   EXPECT_GT(chunked.requests, 10 * plain.requests) << "the chunked run did chunk";
   EXPECT_EQ(chunked.model, plain.model);
   EXPECT_NE(plain.model, std::vector<float>(plain.model.size(), 0.0f)) << "the pushes applied";
