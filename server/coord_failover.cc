@@ -44,6 +44,7 @@ int Failover::ServedBy(int s) const {
 }
 
 nlohmann::json Failover::StatusOf(int s) const {
+  if (s < 0 || static_cast<size_t>(s) >= members_->servers().size()) return {{"state", "unknown"}};
   const int by = ServedBy(s);
   nlohmann::json j = {{"state", by == s ? "serving" : "lost"}};
   if (by != s) j["served_by"] = by;

@@ -67,7 +67,7 @@ class Failover {
   int ServedBy(int s) const;
   // Server `s` for ps_status: {"state": "serving" | "lost", "served_by": the live server
   // serving its shards (lost ones; -1: nobody), "serves_for": the lost servers whose shards
-  // it serves (a promoted backup)}.
+  // it serves (a promoted backup)}; {"state": "unknown"} for an id that is no server's.
   nlohmann::json StatusOf(int s) const;
   // Where the dead servers' shards are served now, for the workers: (id, endpoint).
   std::vector<std::pair<uint32_t, std::string>> Redirects() const;

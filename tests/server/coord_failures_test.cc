@@ -182,6 +182,8 @@ TEST(CoordFailures, StatusSaysWhoServesALostServersShards) {
   EXPECT_EQ(failover.StatusOf(0), json::parse(R"({"state":"lost","served_by":1})"));
   EXPECT_EQ(failover.StatusOf(1), json::parse(R"({"state":"serving","serves_for":[0]})"));
   EXPECT_EQ(failover.StatusOf(2), json::parse(R"({"state":"lost","served_by":-1})"));
+  EXPECT_EQ(failover.StatusOf(3), json::parse(R"({"state":"unknown"})"));  // not a server
+  EXPECT_EQ(failover.StatusOf(-1), json::parse(R"({"state":"unknown"})"));
 }
 
 }  // namespace
